@@ -1,0 +1,1 @@
+"""Plugins for PyMC, NumPyro and BlackJAX; each imports only its own framework."""

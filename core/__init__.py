@@ -1,0 +1,1 @@
+"""Framework-agnostic annealed GP-UCB tuning for HMC (NumPy or jax.numpy)."""
