@@ -1,1 +1,46 @@
-"""Framework-agnostic annealed GP-UCB tuning for HMC (NumPy or jax.numpy)."""
+"""Framework-agnostic annealed GP-UCB tuning of HMC's step size and path length.
+
+Pure functions over NamedTuples of arrays, written against the array namespace
+of their inputs: the same code runs under NumPy (PyMC adapter) and under
+``jax.jit``/``jax.vmap`` (NumPyro and BlackJAX adapters).  Imports NumPy only.
+
+>>> from ahmc.core import search_space, gp_ucb
+>>> tuner = gp_ucb(search_space(step_size=(1e-3, 1.0), num_steps=(1, 100)))
+>>> state = tuner.init()
+>>> step_size, num_steps = tuner.arm(state)
+"""
+
+from .gp import ArmBuffer
+from .objectives import (
+    OBJECTIVES,
+    RoundStats,
+    esjd,
+    esjd_per_gradient,
+    get_objective,
+    normalized_esjd,
+    round_init,
+    round_update,
+)
+from .space import SearchSpace, search_space
+from .tuner import Surrogate, Tuner, TunerInfo, TunerState, adapt_probability, gp_ucb, ucb_beta
+
+__all__ = [
+    "ArmBuffer",
+    "OBJECTIVES",
+    "RoundStats",
+    "SearchSpace",
+    "Surrogate",
+    "Tuner",
+    "TunerInfo",
+    "TunerState",
+    "adapt_probability",
+    "esjd",
+    "esjd_per_gradient",
+    "get_objective",
+    "gp_ucb",
+    "normalized_esjd",
+    "round_init",
+    "round_update",
+    "search_space",
+    "ucb_beta",
+]

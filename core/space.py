@@ -1,0 +1,148 @@
+"""The search box Gamma of (step size, number of leapfrog steps) and its grid.
+
+The paper (Wang, Mohamed & de Freitas 2013, section 3) tunes ``eps`` in
+``[eps_lo, eps_hi]``, discretised on a fine grid, and the integer ``L`` in
+``[L_lo, L_hi]``.  The Gaussian process sees both coordinates rescaled to the
+unit square.  With a log-spaced ``eps`` grid (the default here) the unit
+coordinate is linear in ``log(eps)``, which suits a quantity that may range
+over several orders of magnitude; ``log_step_size=False`` gives the paper's
+linear grid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["SearchSpace", "search_space"]
+
+
+class SearchSpace(NamedTuple):
+    """A rectangular grid of arms ``(step_size, num_steps)``.
+
+    Arms are numbered in row-major order: arm ``a`` has step size
+    ``step_sizes[a // num_L]`` and ``num_steps[a % num_L]`` leapfrog steps,
+    where ``num_L = len(num_steps)``.
+
+    Attributes
+    ----------
+    step_sizes : ndarray, shape (G,), float64
+        Candidate step sizes, increasing.
+    num_steps : ndarray, shape (H,), int32
+        Candidate maximum numbers of leapfrog steps: every integer in the box.
+    step_size_unit : ndarray, shape (G,), float64
+        Step-size coordinate of each candidate in [0, 1] (0 when G == 1).
+    num_steps_unit : ndarray, shape (H,), float64
+        Leapfrog coordinate of each candidate in [0, 1] (0 when H == 1).
+    log_step_size : bool
+        Whether the step-size grid is log-spaced.
+    """
+
+    step_sizes: np.ndarray
+    num_steps: np.ndarray
+    step_size_unit: np.ndarray
+    num_steps_unit: np.ndarray
+    log_step_size: bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(G, H)``: grid points along step size and along ``L``."""
+        return (len(self.step_sizes), len(self.num_steps))
+
+    @property
+    def num_arms(self) -> int:
+        """Total number of arms ``G * H``."""
+        return len(self.step_sizes) * len(self.num_steps)
+
+    def arm_index(self, step_size: float, num_steps: int) -> int:
+        """Index of the grid arm nearest to ``(step_size, num_steps)``.
+
+        Nearness in step size is measured on the grid's own scale (log or
+        linear).  Values outside the box are clipped to it.
+        """
+        to_scale = np.log if self.log_step_size else (lambda v: v)
+        i = int(np.argmin(np.abs(to_scale(self.step_sizes) - to_scale(float(step_size)))))
+        j = int(np.argmin(np.abs(self.num_steps - int(num_steps))))
+        return i * len(self.num_steps) + j
+
+    def center_arm(self) -> int:
+        """Index of the arm at the middle of the box (the default first arm)."""
+        g, h = self.shape
+        return (g // 2) * h + (h - 1) // 2
+
+
+def _check_bounds(name: str, bounds, *, integer: bool) -> tuple[float, float]:
+    try:
+        lo, hi = bounds
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair (lower, upper); got {bounds!r}.") from None
+    for label, value in (("lower", lo), ("upper", hi)):
+        if not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+            raise ValueError(f"{name} {label} bound must be a finite number; got {value!r}.")
+    if integer and (int(lo) != lo or int(hi) != hi):
+        raise ValueError(f"{name} bounds must be integers; got {bounds!r}.")
+    if lo > hi:
+        raise ValueError(
+            f"{name} bounds are reversed: lower {lo!r} > upper {hi!r}. Pass ({hi!r}, {lo!r})."
+        )
+    return lo, hi
+
+
+def search_space(
+    step_size: tuple[float, float],
+    num_steps: tuple[int, int],
+    *,
+    num_step_sizes: int = 200,
+    log_step_size: bool = True,
+) -> SearchSpace:
+    """Build the grid of arms over a box of step sizes and leapfrog counts.
+
+    Parameters
+    ----------
+    step_size
+        ``(lower, upper)`` bounds on the step size, both > 0.  Equal bounds fix
+        the step size and leave only ``L`` to tune.
+    num_steps
+        ``(lower, upper)`` integer bounds on the maximum number of leapfrog
+        steps ``L``; ``lower >= 1``.  Every integer in between is a candidate.
+    num_step_sizes
+        Number of grid points along the step size (the paper's "very fine
+        grid"); ignored when the bounds are equal.
+    log_step_size
+        Space the step sizes evenly in ``log`` (default) or linearly (paper).
+
+    Examples
+    --------
+    >>> space = search_space((1e-3, 1.0), (1, 100))
+    >>> space.shape
+    (200, 100)
+    """
+    eps_lo, eps_hi = _check_bounds("step_size", step_size, integer=False)
+    if eps_lo <= 0:
+        raise ValueError(f"step_size bounds must be > 0; got lower bound {eps_lo!r}.")
+    l_lo, l_hi = _check_bounds("num_steps", num_steps, integer=True)
+    if l_lo < 1:
+        raise ValueError(f"num_steps lower bound must be >= 1; got {l_lo!r}.")
+    if not isinstance(num_step_sizes, (int, np.integer)) or num_step_sizes < 1:
+        raise ValueError(f"num_step_sizes must be a positive integer; got {num_step_sizes!r}.")
+
+    num_eps = 1 if eps_lo == eps_hi else int(num_step_sizes)
+    if log_step_size:
+        eps = np.exp(np.linspace(math.log(eps_lo), math.log(eps_hi), num_eps))
+    else:
+        eps = np.linspace(eps_lo, eps_hi, num_eps)
+    eps[0], eps[-1] = eps_lo, eps_hi  # exact end points despite exp/log rounding
+    steps = np.arange(int(l_lo), int(l_hi) + 1, dtype=np.int32)
+    return SearchSpace(
+        step_sizes=eps.astype(np.float64),
+        num_steps=steps,
+        step_size_unit=_unit(num_eps),
+        num_steps_unit=_unit(len(steps)),
+        log_step_size=bool(log_step_size),
+    )
+
+
+def _unit(n: int) -> np.ndarray:
+    return np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(1)

@@ -1,0 +1,391 @@
+"""The annealed GP-UCB tuner of Algorithm 2 (Wang, Mohamed & de Freitas 2013).
+
+Round ``i = 1, 2, ...``: the sampler runs with arm ``gamma_i``, reports a
+reward ``r_i``; the tuner adds ``(gamma_i, r_i)`` to its Gaussian process and,
+with probability ``p_i``, moves to the maximiser of
+
+    u(gamma) = s * mu_i(gamma) + p_i * sqrt(beta_{i+1}) * sigma_i(gamma),
+
+otherwise keeps ``gamma_i``.  ``s = alpha / |best reward so far|`` rescales the
+rewards each time a new best appears (for positive rewards this is the paper's
+``alpha / r_best``; the absolute value keeps the sign right for rewards such as
+minus a cross-validation error), and
+
+    beta_{i+1} = 2 log((i + 1)^(d/2 + 2) pi^2 / (3 delta)),   d = 2,
+    p_i = max(i - k + 1, 1)^(-1/2)          (schedule "inverse_sqrt", paper)
+    p_i = exp(-lambda (i - 1))              (schedule "exponential", thesis).
+
+Because ``p_i -> 0`` the adaptation diminishes, and every arm's kernel leaves
+the target invariant, so adaptation may go on after warm-up (paper, section 4).
+We add the *standard deviation* (not the variance) in the bonus, as GP-UCB
+defines it.
+
+Everything here is a pure function of arrays: the array namespace comes from
+the state (NumPy or ``jax.numpy``), random numbers are passed in as uniforms,
+shapes never change, and no Python ``if`` looks at an array value, so the same
+code runs eagerly under NumPy and under ``jax.jit``/``jax.vmap``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from . import gp
+from .space import SearchSpace
+
+__all__ = ["TunerState", "TunerInfo", "Surrogate", "Tuner", "gp_ucb", "adapt_probability", "ucb_beta"]
+
+SCHEDULES = ("inverse_sqrt", "exponential")
+
+
+class TunerState(NamedTuple):
+    """State of the annealed GP-UCB tuner (arrays only; a JAX pytree).
+
+    Attributes
+    ----------
+    round : int32, ()
+        Number of rewards received so far (``i`` after the update).
+    arm : int32, ()
+        Flat grid index of the arm to run next.
+    buffer : ArmBuffer
+        The distinct arms observed, pooled (see :mod:`ahmc.core.gp`).
+    grid_variance : float, (G, H)
+        Posterior variance of the GP on the whole grid, kept up to date by
+        exact rank-one steps.
+    best_reward, worst_reward : float, ()
+        Extremes of the finite rewards seen (``-inf`` / ``+inf`` before any).
+    scale : float, ()
+        ``s = alpha / |best_reward|`` (1 before any finite reward).
+    freeze_round : int32, ()
+        From this round on the arm no longer moves (a large number = never).
+    """
+
+    round: object
+    arm: object
+    buffer: gp.ArmBuffer
+    grid_variance: object
+    best_reward: object
+    worst_reward: object
+    scale: object
+    freeze_round: object
+
+
+class TunerInfo(NamedTuple):
+    """What one update did (arrays only).
+
+    Attributes
+    ----------
+    round : int32, ()              index ``i`` of the round just scored
+    reward : float, ()             reward as given (may be non-finite)
+    clean_reward : float, ()       reward entered into the GP
+    is_finite : bool, ()           whether the given reward was finite
+    arm : int32, ()                arm that earned the reward
+    adapt_probability : float, ()  ``p_i``
+    beta : float, ()               ``beta_{i+1}``
+    is_adapting : bool, ()         ``uniform < p_i`` and not frozen
+    proposed_arm : int32, ()       maximiser of the acquisition function
+    next_arm : int32, ()           arm for round ``i + 1``
+    arm_changed : bool, ()         ``next_arm != arm``
+    num_arms : int32, ()           distinct arms in the buffer
+    is_evicting : bool, ()         whether a stored arm was dropped for this one
+    """
+
+    round: object
+    reward: object
+    clean_reward: object
+    is_finite: object
+    arm: object
+    adapt_probability: object
+    beta: object
+    is_adapting: object
+    proposed_arm: object
+    next_arm: object
+    arm_changed: object
+    num_arms: object
+    is_evicting: object
+
+
+class Surrogate(NamedTuple):
+    """The GP surrogate on the grid, for plots.
+
+    ``mean`` and ``sd`` are in reward units; ``acquisition`` is the UCB that
+    the next move would maximise (in units of the rescaled reward).
+    All three have shape (G, H), rows along ``step_sizes``.
+    """
+
+    step_sizes: np.ndarray
+    num_steps: np.ndarray
+    mean: object
+    sd: object
+    acquisition: object
+
+
+class Tuner(NamedTuple):
+    """Pure functions returned by :func:`gp_ucb`.
+
+    ``init(xp=numpy, dtype=None) -> TunerState``
+    ``update(state, reward, uniform, weight=1.0) -> (TunerState, TunerInfo)``
+    ``arm(state) -> (step_size, num_steps)``
+    ``surrogate(state) -> Surrogate``
+    """
+
+    init: Callable
+    update: Callable
+    arm: Callable
+    surrogate: Callable
+    space: SearchSpace
+
+
+def adapt_probability(round_index, *, schedule: str = "inverse_sqrt", k: int = 100, decay: float = 0.01, xp=np):
+    """Probability ``p_i`` of moving the arm after round ``i`` (``i >= 1``)."""
+    i = xp.asarray(round_index)
+    if schedule == "inverse_sqrt":
+        return 1.0 / xp.sqrt(xp.maximum(i - k + 1, 1) * 1.0)
+    return xp.exp(-decay * (i - 1.0))
+
+
+def ucb_beta(round_index, *, delta: float = 0.1, dim: int = 2, xp=np):
+    """``beta_{i+1} = 2 log((i+1)^(d/2+2) pi^2 / (3 delta))`` (Srinivas et al. 2010)."""
+    i = xp.asarray(round_index)
+    return 2.0 * ((dim / 2.0 + 2.0) * xp.log(i + 1.0) + math.log(math.pi**2 / (3.0 * delta)))
+
+
+def _namespace(array):
+    return array.__array_namespace__()
+
+
+def _check_positive(name, value, *, integer=False, allow_zero=False):
+    ok_type = isinstance(value, (int, np.integer)) if integer else isinstance(value, (int, float, np.integer, np.floating))
+    if not ok_type or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        kind = "integer" if integer else "number"
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite {kind} {bound}; got {value!r}.")
+
+
+def gp_ucb(
+    space: SearchSpace,
+    *,
+    initial_arm: tuple[float, int] | None = None,
+    capacity: int = 128,
+    lengthscale: float = 0.2,
+    noise_variance: float = 0.1,
+    alpha: float = 4.0,
+    delta: float = 0.1,
+    schedule: str = "inverse_sqrt",
+    k: int = 100,
+    decay: float = 0.01,
+    freeze_after: int | None = None,
+) -> Tuner:
+    """Build the annealed GP-UCB tuner of (step size, number of leapfrog steps).
+
+    Parameters
+    ----------
+    space
+        The grid of arms, from :func:`ahmc.core.search_space`.
+    initial_arm
+        ``(step_size, num_steps)`` for the first round (snapped to the grid);
+        default: the middle of the box.
+    capacity
+        Maximum number of distinct arms the GP remembers.  When a new arm
+        arrives and the buffer is full, the slot with the fewest visits
+        (oldest last visit among ties) is dropped and its information removed
+        from the posterior exactly, so the GP never claims knowledge it no
+        longer holds: forgotten regions get their uncertainty back.
+    lengthscale
+        ``kappa``: kernel length scale as a fraction of the box width (0.2).
+    noise_variance
+        ``sigma_eta^2``: variance of one reward's noise relative to the GP's
+        unit prior variance.  Rewards are rescaled so that the best is
+        ``alpha = 4``; the default 0.1 treats one round's reward as having a
+        noise sd of about 8% of that best value, so that repeated visits of an
+        arm matter and a single lucky round does not dominate.
+    alpha
+        Scale of the best reward after rescaling (paper: 4).
+    delta
+        Confidence parameter of ``beta`` (paper: 0.1).
+    schedule
+        ``"inverse_sqrt"``: ``p_i = max(i - k + 1, 1)^(-1/2)`` (paper, with ``k``);
+        ``"exponential"``: ``p_i = exp(-decay (i - 1))`` (thesis, ``decay`` = lambda).
+    freeze_after
+        If given, the arm never moves after this many rounds (0 = fixed arm).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ahmc.core import search_space, gp_ucb
+    >>> tuner = gp_ucb(search_space((0.01, 1.0), (1, 50)))
+    >>> state = tuner.init()
+    >>> state, info = tuner.update(state, reward=0.5, uniform=0.3)
+    >>> int(state.round), bool(info.is_adapting)
+    (1, True)
+    """
+    if not isinstance(space, SearchSpace):
+        raise ValueError("space must be a SearchSpace from ahmc.core.search_space(...).")
+    _check_positive("capacity", capacity, integer=True)
+    _check_positive("lengthscale", lengthscale)
+    _check_positive("noise_variance", noise_variance)
+    _check_positive("alpha", alpha)
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1); got {delta!r}.")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}; got {schedule!r}.")
+    _check_positive("k", k, integer=True)
+    _check_positive("decay", decay)
+    if freeze_after is not None:
+        _check_positive("freeze_after", freeze_after, integer=True, allow_zero=True)
+    if initial_arm is None:
+        first_arm = space.center_arm()
+    else:
+        try:
+            eps0, steps0 = initial_arm
+        except (TypeError, ValueError):
+            raise ValueError(f"initial_arm must be (step_size, num_steps); got {initial_arm!r}.") from None
+        if not (math.isfinite(eps0) and eps0 > 0 and math.isfinite(steps0) and steps0 >= 1):
+            raise ValueError(f"initial_arm must have step_size > 0 and num_steps >= 1; got {initial_arm!r}.")
+        first_arm = space.arm_index(eps0, steps0)
+
+    kernel = gp.grid_kernel(space, lengthscale)
+    num_eps, num_l = space.shape
+    never = np.iinfo(np.int32).max
+    freeze_round = never if freeze_after is None else int(freeze_after)
+
+    def init(xp=np, dtype=None) -> TunerState:
+        dtype = xp.asarray(0.0).dtype if dtype is None else dtype
+        return TunerState(
+            round=xp.asarray(0, dtype=xp.int32),
+            arm=xp.asarray(first_arm, dtype=xp.int32),
+            buffer=gp.empty_buffer(capacity, xp, dtype),
+            grid_variance=xp.ones((num_eps, num_l), dtype=dtype),
+            best_reward=xp.asarray(-np.inf, dtype=dtype),
+            worst_reward=xp.asarray(np.inf, dtype=dtype),
+            scale=xp.asarray(1.0, dtype=dtype),
+            freeze_round=xp.asarray(freeze_round, dtype=xp.int32),
+        )
+
+    def update(state: TunerState, reward, uniform, weight=1.0):
+        xp = _namespace(state.grid_variance)
+        dtype = state.grid_variance.dtype
+        reward = xp.asarray(reward, dtype=dtype)
+        weight = xp.asarray(weight, dtype=dtype)
+        buffer = state.buffer
+        i = state.round + 1
+
+        # A non-finite reward counts as the worst finite reward so far (0 if none).
+        is_finite = xp.isfinite(reward)
+        any_finite = xp.isfinite(state.worst_reward)
+        fallback = xp.where(any_finite, state.worst_reward, xp.zeros_like(reward))
+        clean = xp.where(is_finite, reward, fallback)
+        is_best = is_finite & (clean > state.best_reward)
+        best = xp.where(is_best, clean, state.best_reward)
+        worst = xp.where(is_finite & (clean < state.worst_reward), clean, state.worst_reward)
+        magnitude = xp.maximum(xp.abs(best), xp.asarray(np.finfo(np.float32).tiny, dtype=dtype))
+        scale = xp.where(is_best, alpha / magnitude, state.scale)
+
+        # Slot for this arm: its own, else a free one, else evict.
+        slots = xp.arange(capacity, dtype=xp.int32)
+        is_match = buffer.arm == state.arm
+        is_free = buffer.arm < 0
+        has_match = xp.any(is_match)
+        has_free = xp.any(is_free)
+        fewest = buffer.count == xp.min(buffer.count)
+        eviction_key = xp.where(fewest, buffer.last_round, xp.full_like(buffer.last_round, never))
+        slot = xp.where(
+            has_match,
+            xp.argmax(is_match),
+            xp.where(has_free, xp.argmax(is_free), xp.argmin(eviction_key)),
+        ).astype(xp.int32)
+        is_evicting = ~has_match & ~has_free
+        in_slot = slots == slot
+
+        # Forget the evicted arm exactly: v += c^2 / (noise / count - v(x)).
+        cov_old, var_old = gp.posterior_covariance_column(
+            buffer, kernel, noise_variance, buffer.arm[slot], xp, dtype
+        )
+        old_noise = noise_variance / xp.maximum(buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
+        tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
+        downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
+        variance = state.grid_variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
+        kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.count), buffer.count)
+        mean_kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.mean_reward), buffer.mean_reward)
+        buffer = gp.ArmBuffer(
+            arm=xp.where(is_evicting & in_slot, xp.full_like(buffer.arm, -1), buffer.arm),
+            count=kept,
+            mean_reward=mean_kept,
+            last_round=buffer.last_round,
+        )
+
+        # Learn the new reward: v -= c^2 / (v(x) + noise / weight).
+        cov_new, var_new = gp.posterior_covariance_column(buffer, kernel, noise_variance, state.arm, xp, dtype)
+        variance = variance - cov_new * cov_new / (var_new + noise_variance / weight)
+        variance = xp.clip(variance, 0.0, 1.0)
+        total = buffer.count + weight
+        buffer = gp.ArmBuffer(
+            arm=xp.where(in_slot, state.arm, buffer.arm),
+            count=xp.where(in_slot, total, buffer.count),
+            mean_reward=xp.where(in_slot, buffer.mean_reward + (clean - buffer.mean_reward) * weight / total, buffer.mean_reward),
+            last_round=xp.where(in_slot, i, buffer.last_round),
+        )
+
+        # Annealed GP-UCB step.
+        p = adapt_probability(i, schedule=schedule, k=k, decay=decay, xp=xp)
+        p = xp.asarray(p, dtype=dtype)
+        beta = xp.asarray(ucb_beta(i, delta=delta, xp=xp), dtype=dtype)
+        acquisition = _acquisition(buffer, variance, scale, p, beta, xp, dtype)
+        proposed = xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
+        is_adapting = (xp.asarray(uniform, dtype=dtype) < p) & (i < state.freeze_round)
+        next_arm = xp.where(is_adapting, proposed, state.arm).astype(xp.int32)
+
+        new_state = TunerState(
+            round=i.astype(xp.int32),
+            arm=next_arm,
+            buffer=buffer,
+            grid_variance=variance,
+            best_reward=best,
+            worst_reward=worst,
+            scale=scale,
+            freeze_round=state.freeze_round,
+        )
+        info = TunerInfo(
+            round=i.astype(xp.int32),
+            reward=reward,
+            clean_reward=clean,
+            is_finite=is_finite,
+            arm=state.arm,
+            adapt_probability=p,
+            beta=beta,
+            is_adapting=is_adapting,
+            proposed_arm=proposed,
+            next_arm=next_arm,
+            arm_changed=next_arm != state.arm,
+            num_arms=xp.sum(buffer.count > 0).astype(xp.int32),
+            is_evicting=is_evicting,
+        )
+        return new_state, info
+
+    def _acquisition(buffer, variance, scale, p, beta, xp, dtype):
+        mean = gp.posterior_mean(buffer, kernel, noise_variance, xp, dtype)
+        return scale * mean + p * xp.sqrt(beta) * xp.sqrt(variance)
+
+    def arm(state: TunerState):
+        """``(step_size, num_steps)`` of the current arm, as arrays."""
+        xp = _namespace(state.grid_variance)
+        eps = xp.asarray(space.step_sizes, dtype=state.grid_variance.dtype)
+        steps = xp.asarray(space.num_steps, dtype=xp.int32)
+        return eps[state.arm // num_l], steps[state.arm % num_l]
+
+    def surrogate(state: TunerState) -> Surrogate:
+        """GP mean and sd (reward units) and the acquisition on the grid."""
+        xp = _namespace(state.grid_variance)
+        dtype = state.grid_variance.dtype
+        mean = gp.posterior_mean(state.buffer, kernel, noise_variance, xp, dtype)
+        sd = xp.sqrt(state.grid_variance) / state.scale
+        i = xp.maximum(state.round, 1)
+        p = xp.asarray(adapt_probability(i, schedule=schedule, k=k, decay=decay, xp=xp), dtype=dtype)
+        beta = xp.asarray(ucb_beta(i, delta=delta, xp=xp), dtype=dtype)
+        acquisition = state.scale * mean + p * xp.sqrt(beta) * xp.sqrt(state.grid_variance)
+        return Surrogate(space.step_sizes, space.num_steps, mean, sd, acquisition)
+
+    return Tuner(init=init, update=update, arm=arm, surrogate=surrogate, space=space)

@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+
+from ahmc.core import (
+    esjd,
+    esjd_per_gradient,
+    get_objective,
+    normalized_esjd,
+    round_init,
+    round_update,
+)
+
+
+def test_zero_step_gives_zero_jump():
+    stats = round_init()
+    x = np.array([1.0, -2.0, 3.0])
+    for _ in range(5):
+        stats = round_update(stats, x, x, num_gradients=4)
+    assert normalized_esjd(stats, 9) == 0.0
+    assert int(stats.num_gradients) == 20 and int(stats.num_iterations) == 5
+
+
+def test_hand_computed_rewards():
+    stats = round_init()
+    # jumps of squared length 4 and 1, with 3 and 1 leapfrog steps
+    stats = round_update(stats, np.zeros(2), np.array([2.0, 0.0]), 3, acceptance=0.5)
+    stats = round_update(stats, np.array([2.0, 0.0]), np.array([2.0, 1.0]), 1, acceptance=1.0, is_divergent=True)
+    assert esjd(stats, 4) == pytest.approx(2.5)
+    assert normalized_esjd(stats, 4) == pytest.approx(2.5 / 2.0)
+    assert esjd_per_gradient(stats, 4) == pytest.approx(5.0 / 4.0)
+    assert float(stats.sum_acceptance) == pytest.approx(1.5)
+    assert int(stats.num_divergent) == 1
+
+
+def test_whitened_jump_divides_by_scale():
+    stats = round_update(round_init(), np.zeros(2), np.array([10.0, 0.1]), 1, scale=np.array([10.0, 0.1]))
+    assert esjd(stats, 1) == pytest.approx(2.0)
+
+
+def test_empty_round_gives_nan_not_an_error():
+    assert np.isnan(normalized_esjd(round_init(), 5))
+    assert np.isnan(esjd_per_gradient(round_init(), 5))
+
+
+def test_get_objective():
+    assert get_objective("normalized_esjd") is normalized_esjd
+    custom = lambda stats, max_num_steps: 1.0  # noqa: E731
+    assert get_objective(custom) is custom
+    with pytest.raises(ValueError, match="objective must be one of"):
+        get_objective("ess")

@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+from ahmc.core import search_space
+
+
+def test_grid_shape_and_end_points():
+    space = search_space((1e-3, 1.0), (1, 100))
+    assert space.shape == (200, 100)
+    assert space.num_arms == 20_000
+    assert space.step_sizes[0] == 1e-3 and space.step_sizes[-1] == 1.0
+    assert np.all(np.diff(space.step_sizes) > 0)
+    np.testing.assert_array_equal(space.num_steps, np.arange(1, 101))
+    assert space.num_steps.dtype == np.int32
+
+
+def test_log_grid_is_linear_in_log_and_linear_grid_is_linear():
+    log_space = search_space((1e-3, 1.0), (1, 5), num_step_sizes=7)
+    np.testing.assert_allclose(np.diff(np.log(log_space.step_sizes)), np.log(10) / 2, rtol=1e-12)
+    lin_space = search_space((0.1, 0.7), (1, 5), num_step_sizes=7, log_step_size=False)
+    np.testing.assert_allclose(np.diff(lin_space.step_sizes), 0.1, rtol=1e-12)
+
+
+def test_unit_coordinates_span_the_box():
+    space = search_space((0.01, 1.0), (3, 7), num_step_sizes=11)
+    np.testing.assert_allclose(space.step_size_unit, np.linspace(0, 1, 11))
+    np.testing.assert_allclose(space.num_steps_unit, [0, 0.25, 0.5, 0.75, 1.0])
+
+
+def test_equal_bounds_fix_a_coordinate():
+    space = search_space((0.1, 0.1), (10, 10))
+    assert space.shape == (1, 1)
+    np.testing.assert_array_equal(space.step_size_unit, [0.0])
+
+
+def test_arm_index_round_trip():
+    space = search_space((1e-3, 1.0), (1, 100))
+    a = space.arm_index(space.step_sizes[37], 42)
+    assert a // 100 == 37 and space.num_steps[a % 100] == 42
+    assert space.arm_index(100.0, 1000) == space.num_arms - 1  # clipped to the box
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(step_size=(1.0, 0.1), num_steps=(1, 10)), "step_size bounds are reversed"),
+        (dict(step_size=(0.0, 0.1), num_steps=(1, 10)), "step_size bounds must be > 0"),
+        (dict(step_size=(-1.0, 0.1), num_steps=(1, 10)), "step_size bounds must be > 0"),
+        (dict(step_size=(0.1, np.inf), num_steps=(1, 10)), "step_size upper bound must be a finite"),
+        (dict(step_size=(np.nan, 1.0), num_steps=(1, 10)), "step_size lower bound must be a finite"),
+        (dict(step_size=(0.1, 1.0), num_steps=(10, 1)), "num_steps bounds are reversed"),
+        (dict(step_size=(0.1, 1.0), num_steps=(0, 10)), "num_steps lower bound must be >= 1"),
+        (dict(step_size=(0.1, 1.0), num_steps=(1.5, 10)), "num_steps bounds must be integers"),
+        (dict(step_size=0.1, num_steps=(1, 10)), "step_size must be a pair"),
+        (dict(step_size=(0.1, 1.0), num_steps=(1, 10), num_step_sizes=0), "num_step_sizes"),
+    ],
+)
+def test_bad_bounds_raise_value_error_naming_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        search_space(**kwargs)

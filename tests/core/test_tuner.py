@@ -1,0 +1,172 @@
+import math
+
+import numpy as np
+import pytest
+
+from ahmc.core import adapt_probability, gp_ucb, search_space, ucb_beta
+
+from .surfaces import bump_surface, grid_maximum, run_tuner
+
+
+@pytest.fixture(scope="module")
+def space():
+    return search_space((1e-3, 1.0), (1, 100))
+
+
+def test_adapt_probability_formulas():
+    i = np.arange(1, 500)
+    expected = np.maximum(i - 100 + 1, 1) ** -0.5
+    np.testing.assert_allclose(adapt_probability(i), expected, rtol=1e-15)
+    assert adapt_probability(100) == 1.0 and adapt_probability(101) == pytest.approx(2**-0.5)
+    np.testing.assert_allclose(
+        adapt_probability(i, schedule="exponential", decay=0.01), np.exp(-0.01 * (i - 1)), rtol=1e-15
+    )
+
+
+def test_beta_formula():
+    for i in [1, 2, 10, 1000]:
+        expected = 2 * math.log((i + 1) ** (2 / 2 + 2) * math.pi**2 / (3 * 0.1))
+        assert ucb_beta(i) == pytest.approx(expected, rel=1e-14)
+
+
+def test_info_reports_the_schedule(space):
+    tuner = gp_ucb(space)
+    state = tuner.init()
+    for i in range(1, 130):
+        state, info = tuner.update(state, 1.0, uniform=0.99)
+        assert int(info.round) == i
+        assert float(info.adapt_probability) == pytest.approx(max(i - 99, 1) ** -0.5)
+        assert float(info.beta) == pytest.approx(ucb_beta(i))
+        assert bool(info.is_adapting) == (0.99 < max(i - 99, 1) ** -0.5)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_finds_a_good_arm_on_noisy_surfaces(space, seed):
+    """After 300 rounds the arm is worth >= 90% of the maximum (checked per seed)."""
+    f = bump_surface(seed)
+    state, _, _ = run_tuner(gp_ucb(space), f, 300, seed)
+    h = space.shape[1]
+    arm = int(state.arm)
+    value = f(space.step_size_unit[arm // h], space.num_steps_unit[arm % h])
+    # The issue allows one seed in ten to miss; we record each seed separately and
+    # require all ten with these fixed seeds (the slow test below counts misses).
+    assert value >= 0.9 * grid_maximum(space, f)
+
+
+@pytest.mark.slow
+def test_finds_a_good_arm_in_9_of_10_fresh_seeds(space):
+    hits = 0
+    for seed in range(100, 110):
+        f = bump_surface(seed)
+        state, _, _ = run_tuner(gp_ucb(space), f, 300, seed)
+        arm = int(state.arm)
+        h = space.shape[1]
+        hits += f(space.step_size_unit[arm // h], space.num_steps_unit[arm % h]) >= 0.9 * grid_maximum(space, f)
+    assert hits >= 9
+
+
+def test_distinct_arms_grow_slowly(space):
+    """While p_i = 1 (i <= k) nearly every round may try a new arm; afterwards
+    growth is sub-linear and the total stays below 3 sqrt(rounds) by 2000 rounds."""
+    f = bump_surface(0)
+    _, _, arms = run_tuner(gp_ucb(space), f, 2000, 0)
+    distinct = np.array([len(set(arms[:i].tolist())) for i in range(1, 2001)])
+    rounds = np.arange(1, 2001)
+    assert np.all(distinct[1199:] < 3 * np.sqrt(rounds[1199:]))
+    assert distinct[-1] - distinct[999] <= 20  # the last 1000 rounds add few arms
+
+
+def test_nan_and_inf_rewards_are_the_worst_so_far(space):
+    tuner = gp_ucb(space)
+    state = tuner.init()
+    state, info = tuner.update(state, np.nan, 0.5)
+    assert float(info.clean_reward) == 0.0 and not bool(info.is_finite)
+    for reward in [2.0, 0.5, np.inf, -np.inf, np.nan, 3.0]:
+        state, info = tuner.update(state, reward, 0.5)
+        if not np.isfinite(reward):
+            assert float(info.clean_reward) == 0.5
+        assert np.all(np.isfinite(state.grid_variance))
+        assert np.all(np.isfinite(tuner.surrogate(state).mean))
+        assert np.all(np.isfinite(state.buffer.mean_reward))
+    assert float(state.best_reward) == 3.0 and float(state.scale) == pytest.approx(4.0 / 3.0)
+
+
+def test_negative_rewards_keep_the_ordering(space):
+    """A reward such as minus a prediction error: s = alpha / |best| > 0."""
+    tuner = gp_ucb(space)
+    state = tuner.init()
+    state, _ = tuner.update(state, -2.0, 1.0)
+    assert float(state.scale) == pytest.approx(2.0)
+
+
+def test_shapes_and_dtypes_never_change(space):
+    tuner = gp_ucb(space, capacity=4)
+    state = tuner.init()
+    reference = [(np.shape(x), np.asarray(x).dtype) for x in _leaves(state)]
+    rng = np.random.default_rng(0)
+    for reward in list(rng.normal(size=30)) + [np.nan, np.inf]:
+        state, info = tuner.update(state, reward, rng.uniform())
+        assert [(np.shape(x), np.asarray(x).dtype) for x in _leaves(state)] == reference
+    assert all(np.shape(x) == () for x in info)
+
+
+def test_freeze_after_stops_moves(space):
+    tuner = gp_ucb(space, freeze_after=5)
+    state = tuner.init()
+    rng = np.random.default_rng(0)
+    arms = []
+    for _ in range(20):
+        state, info = tuner.update(state, rng.uniform(), uniform=0.0)
+        arms.append(int(info.next_arm))
+        assert bool(info.is_adapting) == (int(info.round) < 5)
+    assert len(set(arms[4:])) == 1
+    fixed = gp_ucb(space, freeze_after=0, initial_arm=(0.1, 10))
+    state = fixed.init()
+    for _ in range(5):
+        state, info = fixed.update(state, 1.0, 0.0)
+    step_size, num_steps = fixed.arm(state)
+    assert int(num_steps) == 10 and step_size == pytest.approx(0.1, rel=0.05)
+
+
+def test_arm_changes_only_when_adapting(space):
+    tuner = gp_ucb(space)
+    state = tuner.init()
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        state, info = tuner.update(state, rng.uniform(), rng.uniform())
+        if not bool(info.is_adapting):
+            assert not bool(info.arm_changed)
+        assert bool(info.arm_changed) == (int(info.next_arm) != int(info.arm))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(capacity=0), "capacity"),
+        (dict(lengthscale=-1.0), "lengthscale"),
+        (dict(noise_variance=0.0), "noise_variance"),
+        (dict(alpha=np.nan), "alpha"),
+        (dict(delta=1.5), "delta"),
+        (dict(schedule="linear"), "schedule"),
+        (dict(k=0), "k must"),
+        (dict(freeze_after=-1), "freeze_after"),
+        (dict(initial_arm=(0.0, 3)), "initial_arm"),
+        (dict(initial_arm=0.1), "initial_arm"),
+    ],
+)
+def test_bad_config_raises(space, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gp_ucb(space, **kwargs)
+
+
+def test_space_must_be_a_search_space():
+    with pytest.raises(ValueError, match="space must be a SearchSpace"):
+        gp_ucb(((0.1, 1.0), (1, 10)))
+
+
+def _leaves(tree):
+    for x in tree:
+        if isinstance(x, tuple):
+            yield from _leaves(x)
+        else:
+            yield x
