@@ -1,0 +1,32 @@
+"""Smoke tests: every example runs (quick settings) and says what it should."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_core_demo_finds_the_optimum(capsys):
+    load("core_demo").main(rounds=300, seed=0)
+    out = capsys.readouterr().out
+    assert "surrogate optimum" in out
+    share = float(out.split("true reward ")[1].split("%")[0])
+    assert share >= 90.0
+
+
+@pytest.mark.parametrize("name", ["blackjax_adaptation", "pymc_gaussian", "numpyro_kernel"])
+def test_framework_examples_run(name):
+    if not (EXAMPLES / f"{name}.py").exists():
+        pytest.skip(f"examples/{name}.py not written yet")
+    module = load(name)
+    if hasattr(module, "main"):
+        module.main()
