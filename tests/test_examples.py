@@ -30,3 +30,11 @@ def test_framework_examples_run(name):
     module = load(name)
     if hasattr(module, "main"):
         module.main()
+
+
+def test_plot_tuning_example_writes_a_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("numpyro")
+    output = tmp_path / "tuning.png"
+    load("plot_tuning").main(output=output, num_warmup=200, num_samples=100)
+    assert output.stat().st_size > 10_000

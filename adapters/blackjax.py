@@ -1,0 +1,220 @@
+"""Adaptive HMC for BlackJAX: a warm-up routine, a matching kernel, an infinitely adapting sampler.
+
+Three entry points, in BlackJAX's conventions:
+
+* :func:`gpucb_adaptation` -- like ``blackjax.window_adaptation``:
+  ``(state, parameters), info = gpucb_adaptation(logdensity_fn).run(rng_key, positions, num_steps)``.
+  ``parameters`` (``step_size``, ``inverse_mass_matrix``, ``num_integration_steps``)
+  plug into :func:`uniform_steps_hmc`, the kernel AHMC tunes: HMC whose number
+  of leapfrog steps is drawn uniformly from ``{1..num_integration_steps}`` at
+  every iteration (``blackjax.dynamic_hmc`` with that draw).
+* :func:`adaptive_hmc` -- ``SamplingAlgorithm(init, step)`` whose state carries
+  the GP-UCB tuner: adaptation goes on after warm-up with a vanishing
+  probability (the paper's "infinite adaptation", section 4), unless
+  ``freeze_after`` stops it.
+* :func:`run_chains` -- warm-up + sampling in one call, for scripts and benchmarks.
+
+Chains live on a leading axis of ``positions`` and advance together: with the
+default ``pooled=True`` they share one tuner (the chain-mean reward enters the
+GP once, with weight ``num_chains``); ``pooled=False`` gives every chain its
+own tuner.  Do not ``jax.vmap`` these functions over chains yourself.  To
+spread chains over devices, shard ``positions`` along the chain axis (e.g.
+``jax.device_put(positions, NamedSharding(mesh, P("chains")))``); the tuner is
+replicated and the pooled reward becomes a cross-device mean.
+
+Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`):
+``step_size_bounds``, ``num_steps_bounds`` (user box; default automatic),
+``adapt_mass_matrix``, ``inverse_mass_matrix``, ``pooled``, ``round_length``,
+``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
+``objective``, ``schedule``, ``k``, ``freeze_after``, ``target_acceptance_rate``,
+GP settings (``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``,
+``delta``), ``integrator``, ``divergence_threshold``.  ``paper_preset=True``
+selects Algorithm 2 as published (identity mass matrix, GP from the first
+round, linear step-size grid, ``k = 100``; requires the two bounds).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+try:
+    import jax
+    import jax.numpy as jnp
+
+    import blackjax
+    from blackjax.adaptation.base import AdaptationResults
+    from blackjax.base import AdaptationAlgorithm, SamplingAlgorithm
+    from blackjax.mcmc.dynamic_hmc import DynamicHMCState
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'ahmc.adapters.blackjax needs JAX and BlackJAX: pip install "ahmc[blackjax]"'
+    ) from err
+
+from ahmc.core import TunerState
+
+from ._jax_engine import EngineInfo, EngineState, SearchBox, _scan, build_engine
+from ._jax_engine import sample as _sample
+
+__all__ = [
+    "GPUCBAdaptationInfo",
+    "gpucb_adaptation",
+    "uniform_steps_hmc",
+    "adaptive_hmc",
+    "run_chains",
+    "EngineInfo",
+    "EngineState",
+    "SearchBox",
+]
+
+PAPER_PRESET = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False}
+
+
+class GPUCBAdaptationInfo(NamedTuple):
+    """What :func:`gpucb_adaptation` did.
+
+    info : EngineInfo
+        Per-iteration records, every field of shape (num_steps, num_chains):
+        arm (``step_size``, ``num_steps``), leapfrog steps taken, acceptance,
+        divergences, energy, ``reward`` (NaN except at round ends), ``round``,
+        ``arm_changed``, ``adapt_probability``.
+    search_box : SearchBox
+        The box the tuner searched (chosen automatically unless given).
+    tuner_state : TunerState
+        Final tuner state; ``tuner.surrogate(tuner_state)`` (with
+        ``tuner = build_engine(...).tuner``) gives the learned reward surface.
+    adaptation_state : EngineState
+        Final engine state: ``adaptive_hmc(logdensity_fn, num_warmup=num_steps,
+        **same_options).step`` continues from it with infinite adaptation.
+    """
+
+    info: EngineInfo
+    search_box: SearchBox
+    tuner_state: TunerState
+    adaptation_state: EngineState
+
+
+def _options(paper_preset: bool, options: dict) -> dict:
+    if not paper_preset:
+        return options
+    if options.get("step_size_bounds") is None or options.get("num_steps_bounds") is None:
+        raise ValueError("paper_preset=True needs step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi).")
+    return {**PAPER_PRESET, **options}
+
+
+def uniform_steps_hmc(
+    logdensity_fn: Callable,
+    step_size: float,
+    inverse_mass_matrix,
+    num_integration_steps: int,
+    **kwargs,
+) -> SamplingAlgorithm:
+    """HMC drawing its number of leapfrog steps uniformly from ``{1..num_integration_steps}``.
+
+    The kernel AHMC tunes (a mixture of HMC kernels, each reversible, so the
+    mixture leaves the target invariant).  Built on ``blackjax.dynamic_hmc``;
+    ``init(position, rng_key)`` needs a key (it seeds the step-count draws).
+    ``kwargs`` go to ``blackjax.dynamic_hmc`` (``integrator``,
+    ``divergence_threshold``).
+
+    Examples
+    --------
+    >>> (state, parameters), _ = gpucb_adaptation(logdensity_fn).run(key, positions, 1000)  # doctest: +SKIP
+    >>> kernel = uniform_steps_hmc(logdensity_fn, **parameters)                            # doctest: +SKIP
+    >>> state, info = jax.vmap(kernel.step)(jax.random.split(key, num_chains), state)       # doctest: +SKIP
+    """
+
+    def integration_steps_fn(random_generator_arg, max_num_steps):
+        return jax.random.randint(random_generator_arg, (), 1, max_num_steps + 1)
+
+    return blackjax.dynamic_hmc(
+        logdensity_fn,
+        step_size,
+        inverse_mass_matrix,
+        integration_steps_fn=integration_steps_fn,
+        integration_steps_params=(jnp.asarray(num_integration_steps, jnp.int32),),
+        **kwargs,
+    )
+
+
+def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **options) -> AdaptationAlgorithm:
+    """Warm up adaptive HMC: mass matrix, step size, then GP-UCB over ``(eps, L)``.
+
+    Returns ``AdaptationAlgorithm(run)`` with
+    ``run(rng_key, positions, num_steps=1000) -> (AdaptationResults(state, parameters), GPUCBAdaptationInfo)``.
+    ``positions`` has a leading chain axis; ``state`` is a batched
+    ``DynamicHMCState`` ready for :func:`uniform_steps_hmc` (vmap its ``step``);
+    ``parameters`` holds ``step_size``, ``inverse_mass_matrix`` (diagonal of the
+    flattened position) and ``num_integration_steps`` (the maximum ``L``);
+    with ``pooled=False`` the first and last have a leading chain axis.
+    ``options``: see the module docstring.  Raises ``ValueError`` if the log
+    density is not finite at a starting position.
+
+    Examples
+    --------
+    >>> warmup = gpucb_adaptation(logdensity_fn)                                      # doctest: +SKIP
+    >>> (state, parameters), info = warmup.run(jax.random.key(0), positions, 1000)  # doctest: +SKIP
+    """
+    options = _options(paper_preset, options)
+
+    def run(rng_key, positions, num_steps: int = 1000):
+        engine = build_engine(logdensity_fn, num_warmup=num_steps, **options)
+        init_key, run_key, generator_key = jax.random.split(rng_key, 3)
+        state = engine.init(positions, init_key)
+        state, info = _scan(engine.step, run_key, state, num_steps, False)
+        num_chains = state.logdensity.shape[0]
+        chain_state = DynamicHMCState(
+            state.position, state.logdensity, state.logdensity_grad,
+            jax.random.split(generator_key, num_chains),
+        )
+        results = AdaptationResults(chain_state, engine.parameters(state))
+        return results, GPUCBAdaptationInfo(info, state.box, state.tuner, state)
+
+    return AdaptationAlgorithm(run)
+
+
+def adaptive_hmc(
+    logdensity_fn: Callable,
+    *,
+    num_warmup: int = 1000,
+    paper_preset: bool = False,
+    **options,
+) -> SamplingAlgorithm:
+    """Adaptive HMC as a ``SamplingAlgorithm(init, step)`` whose state carries the tuner.
+
+    ``init(positions, rng_key=None) -> EngineState`` (leading chain axis);
+    ``step(rng_key, state) -> (EngineState, EngineInfo)`` advances every chain.
+    The first ``num_warmup`` steps are warm-up (mass matrix, step size, GP-UCB
+    with ``p_i = 1``); afterwards the arm still moves, with probability
+    ``p_i = (i - k + 1)^(-1/2)`` after round ``i`` (``k`` = GP rounds in warm-up).
+
+    Why adapting after warm-up is valid: every arm's kernel leaves the target
+    invariant, the adaptation probability vanishes (diminishing adaptation) and
+    the grid of arms is finite, so the chain remains ergodic (Wang, Mohamed &
+    de Freitas 2013, section 4).  ``freeze_after=n`` stops moving the arm after
+    ``n`` GP rounds (``"warmup"``: at the end of warm-up) for a fixed kernel.
+    ``EngineInfo.adapt_probability`` records ``p_i``.
+    """
+    engine = build_engine(logdensity_fn, num_warmup=num_warmup, **_options(paper_preset, options))
+    return SamplingAlgorithm(engine.init, engine.step)
+
+
+def run_chains(
+    rng_key,
+    logdensity_fn: Callable,
+    positions,
+    num_warmup: int = 1000,
+    num_samples: int = 1000,
+    *,
+    paper_preset: bool = False,
+    **options,
+) -> tuple[Any, EngineInfo]:
+    """Warm up and sample with :func:`adaptive_hmc`; returns ``(samples, info)``.
+
+    ``samples``: the position pytree with leading axes ``(chains, num_samples)``.
+    ``info``: :class:`EngineInfo`, fields of shape ``(num_warmup + num_samples, chains)``;
+    gradient evaluations = ``info.num_integration_steps`` summed (split by
+    ``info.is_warmup``).
+    """
+    samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
+                               **_options(paper_preset, options))
+    return samples, info

@@ -1,0 +1,179 @@
+"""Tuning history from any adapter's output: an ArviZ DataTree (PyMC, NumPyro) or BlackJAX's info.
+
+Import-light: nothing from a framework at module level.  A DataTree is read
+by duck typing (``tree["sample_stats"]``, ``.data_vars``, ``.dims``,
+``.attrs``), so xarray's DataTree and ArviZ's older InferenceData both work.
+JAX is imported only by :func:`config_from_engine` and :func:`config_from_numpyro`.
+
+Warm-up draws hold most GP rounds, so keep them: PyMC with
+``pm.sample(..., discard_tuned_samples=False)``; NumPyro with
+``mcmc.warmup(key, ..., collect_warmup=True)`` converted separately and stored
+as the ``warmup_sample_stats`` group (see the README).  Rebuilding the
+surrogate also needs a :class:`~ahmc.core.diagnostics.TuningConfig`: from the
+``config`` argument, else the JSON attribute ``ahmc_config`` (root,
+``sample_stats`` or ``warmup_sample_stats``); per-draw stats of the box, when
+present, give each chain's search box (at its last draw): ``step_size_bounds``
+/ ``num_steps_bounds`` (last axis ``(lo, hi)``) or, as the PyMC step records
+them, ``step_size_min``, ``step_size_max``, ``max_steps_min``, ``max_steps_max``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping
+
+import numpy as np
+
+from ahmc.core.diagnostics import TuningConfig, TuningHistory, arm_parameters, tuning_history
+
+__all__ = ["history_from_datatree", "history_from_blackjax", "config_from_engine", "config_from_numpyro"]
+
+CONFIG_ATTR = "ahmc_config"
+BOX_STATS = {"step_size_bounds": "step_size", "num_steps_bounds": "num_steps"}  # last axis: (lo, hi)
+SCALAR_BOX_STATS = {"step_size": ("step_size_min", "step_size_max"), "num_steps": ("max_steps_min", "max_steps_max")}
+
+
+def _child(tree, name):
+    try:
+        return tree[name]
+    except (KeyError, AttributeError, TypeError):
+        return None
+
+
+def _chain_draw(array) -> np.ndarray | None:
+    """Values of a DataArray with dims (chain, draw, ...) in that order; None without both dims."""
+    dims = tuple(getattr(array, "dims", ()))
+    if "chain" not in dims or "draw" not in dims:
+        return None
+    rest = [d for d in dims if d not in ("chain", "draw")]
+    return np.asarray(array.transpose("chain", "draw", *rest).values)
+
+
+def _config_attr(*nodes):
+    for node in nodes:
+        attrs = getattr(node, "attrs", None) or {}
+        if CONFIG_ATTR in attrs:
+            return attrs[CONFIG_ATTR]
+    return None
+
+
+def _with_box(config, stats: dict):
+    """Fill in the config's search box from per-draw box stats (removed from ``stats``) if it has none."""
+    for field, (low, high) in SCALAR_BOX_STATS.items():  # PyMC: one scalar stat per end
+        if low in stats and high in stats:
+            stats[f"{field}_pair"] = np.stack([stats.pop(low), stats.pop(high)], axis=-1)
+    names = {**BOX_STATS, **{f"{field}_pair": field for field in SCALAR_BOX_STATS}}
+    boxes = {field: stats.pop(name) for name, field in names.items() if name in stats}
+    base = TuningConfig.parse(config)
+    if not boxes or (base is not None and base.step_size is not None and base.num_steps is not None):
+        return base
+    if len(boxes) != 2:
+        raise ValueError(f"Give per-draw box stats for both the step size and L, or neither; got {sorted(boxes)}.")
+    box = {}
+    for field, values in boxes.items():  # (chains, draws, 2): each chain's box at its last draw
+        last = np.asarray(values)[:, -1, :].astype(float if field == "step_size" else int)
+        box[field] = last[0].tolist() if np.all(last == last[0]) else last.tolist()
+    return base._replace(**box) if base is not None else TuningConfig(**box)
+
+
+def history_from_datatree(tree, *, config=None, names: Mapping | None = None) -> TuningHistory:
+    """Tuning history of a PyMC or NumPyro run from its DataTree.
+
+    Reads ``warmup_sample_stats`` (if present, flagged as warm-up) followed by
+    ``sample_stats``.  ``config`` (a TuningConfig, dict or JSON) overrides the
+    ``ahmc_config`` attribute; ``names`` maps canonical fields to stat names
+    (see :func:`ahmc.core.diagnostics.tuning_history`).
+
+    Examples
+    --------
+    >>> history = history_from_datatree(arviz_base.from_numpyro(mcmc))  # doctest: +SKIP
+    >>> print(tuning_summary(history))                                   # doctest: +SKIP
+    """
+    warm, main = _child(tree, "warmup_sample_stats"), _child(tree, "sample_stats")
+    parts = [(node, flag) for node, flag in ((warm, True), (main, False)) if node is not None]
+    if not parts:
+        raise ValueError("The DataTree has neither a 'sample_stats' nor a 'warmup_sample_stats' group.")
+    common = set.intersection(*(set(node.data_vars) for node, _ in parts))
+    stats, flags = {}, None
+    for name in sorted(common):
+        arrays = [_chain_draw(node[name]) for node, _ in parts]
+        if any(a is None for a in arrays) or (arrays[0].ndim > 2 and name not in BOX_STATS):
+            continue
+        stats[name] = np.concatenate(arrays, axis=1)
+        if flags is None:
+            flags = np.concatenate([np.full(a.shape[:2], flag) for a, (_, flag) in zip(arrays, parts)], axis=1)
+    if warm is None:
+        flags = None  # no warm-up group: use the stats' own flag (PyMC's `tune`), if any
+    config = config if config is not None else _config_attr(tree, main, warm)
+    config = _with_box(config, stats)
+    return tuning_history(stats, config=config, names=names, is_warmup=flags)
+
+
+def history_from_blackjax(info, *, config=None, names: Mapping | None = None, search_box=None,
+                          **options) -> TuningHistory:
+    """Tuning history of a BlackJAX run.
+
+    ``info`` is the ``GPUCBAdaptationInfo`` of ``gpucb_adaptation(...).run`` (it
+    carries the search box) or an ``EngineInfo`` (``run_chains``, ``adaptive_hmc``
+    steps stacked over time), fields of shape (iterations, chains).  The
+    surrogate needs ``config``, or the box (``info.search_box`` or
+    ``search_box=``) plus the ``options`` the run was given (GP settings,
+    ``num_step_sizes``, ...), resolved as in :func:`config_from_engine`.
+    """
+    engine_info = getattr(info, "info", info)
+    search_box = getattr(info, "search_box", None) if search_box is None else search_box
+    fields = engine_info._asdict() if hasattr(engine_info, "_asdict") else dict(engine_info)
+    stats = {}
+    for name, value in fields.items():
+        value = np.asarray(value)
+        stats[name] = value.T if value.ndim == 2 else value  # (iterations, chains) -> (chains, iterations)
+    if config is None and search_box is not None:
+        config = config_from_engine(search_box, **options)
+    final_arm = None
+    tuner_state = getattr(info, "tuner_state", None)
+    if tuner_state is not None and config is not None:  # the arm after the last update (e.g. the exploit move)
+        arms = np.atleast_1d(np.asarray(tuner_state.arm))
+        final_arm = tuple(np.array(v) for v in zip(*(arm_parameters(config, a) for a in arms)))
+    return tuning_history(stats, config=config, names=names, final_arm=final_arm)
+
+
+def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> TuningConfig:
+    """The TuningConfig of a JAX-engine run (NumPyro or BlackJAX adapter).
+
+    ``search_box`` is the engine's ``SearchBox`` (``state.box``,
+    ``GPUCBAdaptationInfo.search_box``) or ``(step_size, num_steps)`` pairs;
+    ``options`` are the keyword arguments the run was built with (defaults are
+    read from :func:`ahmc.adapters._jax_engine.build_engine`).
+    """
+    from ._jax_engine import build_engine  # JAX, only here
+
+    if paper_preset:
+        from .blackjax import PAPER_PRESET
+
+        options = {**PAPER_PRESET, **options}
+    defaults = {name: p.default for name, p in inspect.signature(build_engine).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    engine = build_engine(lambda x: -0.5 * (x * x).sum(), num_warmup=1000, **options)
+    space = engine.tuner.space
+
+    def get(name):
+        return options.get(name, defaults.get(name))
+
+    step_size, num_steps = (np.asarray(v) for v in search_box)
+    return TuningConfig(
+        step_size=step_size.tolist(), num_steps=num_steps.astype(int).tolist(),
+        num_step_sizes=int(get("num_step_sizes")),
+        num_num_steps=int(space.shape[1]) if engine.config.auto_box else None,
+        log_step_size=bool(space.log_step_size or engine.config.auto_box),
+        initial_arm=int(engine.tuner.init().arm),
+        capacity=int(get("capacity")), lengthscale=float(get("lengthscale")),
+        noise_variance=float(get("noise_variance")), alpha=float(get("alpha")), delta=float(get("delta")),
+        schedule=str(get("schedule")), k=options.get("k"), decay=float(get("decay")),
+    )
+
+
+def config_from_numpyro(mcmc: Any) -> TuningConfig:
+    """The TuningConfig of ``MCMC(AdaptiveHMC(...))`` after ``run`` (box from ``mcmc.last_state``)."""
+    kernel = mcmc.sampler
+    options = getattr(kernel, "options", None) or getattr(kernel, "_options", {})
+    return config_from_engine(mcmc.last_state.engine.box, **options)

@@ -1,0 +1,240 @@
+"""NumPyro kernel: ``MCMC(AdaptiveHMC(model), ...)``, a drop-in beside ``NUTS``.
+
+A thin :class:`numpyro.infer.mcmc.MCMCKernel` over the shared JAX engine
+(:mod:`ahmc.adapters._jax_engine`): NumPyro supplies the model's potential,
+initial values and constraining transforms (``initialize_model``); the engine
+makes the BlackJAX transitions and runs the GP-UCB tuner.
+
+Chains and pooling.  NumPyro runs ``chain_method="sequential"`` and
+``"parallel"`` chains as separate programs, so each chain has its own tuner.
+With ``chain_method="vectorized"`` the kernel receives all chains at once and
+they share one tuner: the chain-mean reward enters the GP once per round
+(``pooled=False`` gives independent tuners there too).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from ._extras import require
+
+require("numpyro", "numpyro")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from numpyro.handlers import seed, trace  # noqa: E402
+from numpyro.infer.initialization import init_to_uniform  # noqa: E402
+from numpyro.infer.mcmc import MCMCKernel  # noqa: E402
+from numpyro.infer.util import initialize_model  # noqa: E402
+from numpyro.util import identity, is_prng_key  # noqa: E402
+
+from ._jax_engine import EngineState, build_engine  # noqa: E402
+
+__all__ = ["AdaptiveHMC", "AdaptiveHMCState"]
+
+
+class AdaptiveHMCState(NamedTuple):
+    """State of :class:`AdaptiveHMC` (batched over chains when vectorized).
+
+    i                  iteration index (warm-up while ``i < num_warmup``)
+    z                  unconstrained position (the sample field)
+    potential_energy   minus the log density at ``z``
+    energy             total energy of the proposal
+    num_steps          leapfrog steps taken this iteration (gradient evaluations)
+    accept_prob        Metropolis acceptance probability
+    diverging          whether the transition diverged
+    step_size          step size used
+    max_steps          the tuner's arm ``L`` (steps are drawn from ``{1..L}``)
+    reward             reward fed to the tuner at a round's end, else NaN
+    tuning_round       GP round of this iteration (0 before the GP phase)
+    arm_changed        whether the tuner moved the arm after this iteration
+    adapt_probability  the annealed probability ``p_i`` in effect
+    engine             the engine's state (tuner, mass matrix, round sums)
+    rng_key            random key
+    """
+
+    i: Any
+    z: Any
+    potential_energy: Any
+    energy: Any
+    num_steps: Any
+    accept_prob: Any
+    diverging: Any
+    step_size: Any
+    max_steps: Any
+    reward: Any
+    tuning_round: Any
+    arm_changed: Any
+    adapt_probability: Any
+    engine: EngineState
+    rng_key: Any
+
+
+TUNER_FIELDS = ("step_size", "max_steps", "num_steps", "accept_prob", "reward", "tuning_round",
+                "arm_changed", "adapt_probability", "potential_energy", "energy")
+
+
+class AdaptiveHMC(MCMCKernel):
+    """Adaptive HMC: GP-UCB tuning of step size and path length (Wang et al. 2013).
+
+    Parameters
+    ----------
+    model
+        A NumPyro model with continuous latent sites.
+    potential_fn
+        Instead of ``model``: the potential energy (minus log density) of an
+        unconstrained position pytree; then ``init_params`` must be given to
+        ``MCMC.run``.
+    init_strategy
+        NumPyro initialisation strategy for ``model`` (default ``init_to_uniform``).
+    **options
+        Tuning knobs, the same names and defaults as the BlackJAX routine
+        (:func:`ahmc.adapters.blackjax.gpucb_adaptation`): ``step_size_bounds``,
+        ``num_steps_bounds``, ``adapt_mass_matrix``, ``round_length``,
+        ``objective``, ``schedule``, ``k``, ``freeze_after`` (rounds, or
+        ``"warmup"``), ``pooled`` (vectorized chains only), and the GP settings
+        ``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``, ``delta``.
+
+    Examples
+    --------
+    >>> mcmc = MCMC(AdaptiveHMC(model), num_warmup=1000, num_samples=1000)  # doctest: +SKIP
+    >>> mcmc.run(jax.random.key(0), data)                                    # doctest: +SKIP
+    """
+
+    sample_field = "z"
+
+    def __init__(self, model=None, potential_fn=None, *, init_strategy: Callable = init_to_uniform, **options):
+        if (model is None) == (potential_fn is None):
+            raise ValueError("Give exactly one of `model` or `potential_fn`.")
+        self._model = model
+        self._potential_fn = potential_fn
+        self._init_strategy = init_strategy
+        self._options = dict(options)
+        self._num_warmup = None
+        self._potential_fn_gen = None
+        self._postprocess_fn = None
+        self._sample_fn = None
+        self._vectorized = False
+        build_engine(lambda x: -jnp.sum(x**2), num_warmup=100, **self._options)  # validate knobs now
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def default_fields(self):
+        return ("z", "diverging") + TUNER_FIELDS
+
+    def get_diagnostics_str(self, state):
+        return "{} steps of size {:.2e} (L={}). acc. prob={:.2f}".format(
+            int(state.num_steps), float(state.step_size), int(state.max_steps), float(state.accept_prob)
+        )
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        if self._postprocess_fn is None:
+            return identity
+        return self._postprocess_fn(*model_args, **model_kwargs)
+
+    # -- construction -------------------------------------------------------------------------
+
+    def _logdensity_fn(self, model_args, model_kwargs):
+        if self._potential_fn_gen is not None:
+            potential = self._potential_fn_gen(*model_args, **model_kwargs)
+        else:
+            potential = self._potential_fn
+        return lambda z: -potential(z)
+
+    def _engine(self, model_args, model_kwargs):
+        # Built inside NumPyro's jitted loop (model args may be traced): the engine's static
+        # schedules must stay concrete NumPy values.
+        with jax.ensure_compile_time_eval():
+            return build_engine(self._logdensity_fn(model_args, model_kwargs), num_warmup=self._num_warmup,
+                                **self._options)
+
+    def _discrete_sites(self, rng_key, model_args, model_kwargs):
+        """Names of latent sites with a discrete support (best effort: improper priors cannot be traced)."""
+        try:
+            model_trace = trace(seed(self._model, rng_key)).get_trace(*model_args, **model_kwargs)
+        except Exception:  # noqa: BLE001 -- e.g. ImproperUniform cannot be sampled
+            return []
+        return [
+            name for name, site in model_trace.items()
+            if site["type"] == "sample" and not site["is_observed"]
+            and getattr(site["fn"], "support", None) is not None and site["fn"].support.is_discrete
+        ]
+
+    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs={}):
+        self._num_warmup = int(num_warmup)
+        self._vectorized = not is_prng_key(rng_key)
+        if self._vectorized:
+            keys = jax.vmap(lambda k: jax.random.split(k, 3))(rng_key)
+            rng_key, model_key, engine_key = keys[:, 0], keys[:, 1], keys[0, 2]
+            first_key = model_key[0]
+        else:
+            rng_key, model_key, engine_key = jax.random.split(rng_key, 3)
+            first_key = model_key
+        if self._model is not None:
+            try:
+                info = initialize_model(model_key, self._model, dynamic_args=True,
+                                        init_strategy=self._init_strategy,
+                                        model_args=model_args, model_kwargs=model_kwargs)
+            except (ImportError, RuntimeError) as error:  # NumPyro cannot enumerate these sites
+                discrete = self._discrete_sites(first_key, model_args, model_kwargs)
+                if not discrete:
+                    raise
+                raise ValueError(
+                    f"AdaptiveHMC samples continuous latent sites only; the model has discrete latent "
+                    f"site(s) {discrete}. Marginalize them out in the model, or install `funsor` so that "
+                    "NumPyro enumerates them in the potential (as it does for NUTS; sites with finite support only)."
+                ) from error
+            self._potential_fn_gen = info.potential_fn
+            self._postprocess_fn = info.postprocess_fn
+            if init_params is None:
+                init_params = info.param_info.z
+        elif init_params is None:
+            raise ValueError("With `potential_fn`, pass `init_params` to MCMC.run (an unconstrained position).")
+
+        positions = init_params if self._vectorized else jax.tree.map(lambda x: jnp.asarray(x)[None], init_params)
+        engine = self._engine(model_args, model_kwargs)
+        engine_state = engine.init(positions, engine_key)
+        self._sample_fn = self._sample
+        batch = engine_state.logdensity.shape
+        nan = jnp.full(batch, jnp.nan, engine_state.logdensity.dtype)
+        state = AdaptiveHMCState(
+            i=jnp.zeros(batch, jnp.int32), z=positions, potential_energy=-engine_state.logdensity, energy=nan,
+            num_steps=jnp.zeros(batch, jnp.int32), accept_prob=nan, diverging=jnp.zeros(batch, bool),
+            step_size=nan, max_steps=jnp.zeros(batch, jnp.int32), reward=nan,
+            tuning_round=jnp.zeros(batch, jnp.int32), arm_changed=jnp.zeros(batch, bool),
+            adapt_probability=jnp.ones(batch, engine_state.logdensity.dtype), engine=engine_state,
+            rng_key=rng_key,
+        )
+        return state if self._vectorized else _unbatch(state)
+
+    # -- one iteration -------------------------------------------------------------------------
+
+    def _sample(self, state, model_args, model_kwargs):
+        engine = self._engine(model_args, model_kwargs)
+        if self._vectorized:
+            keys = jax.vmap(jax.random.split)(state.rng_key)
+            rng_key, step_key = keys[:, 0], keys[0, 1]
+        else:
+            rng_key, step_key = jax.random.split(state.rng_key)
+        engine_state, info = engine.step(step_key, state.engine)
+        new = AdaptiveHMCState(
+            i=(state.i + 1) if self._vectorized else (state.i + 1)[None], z=engine_state.position,
+            potential_energy=-info.logdensity, energy=info.energy, num_steps=info.num_integration_steps,
+            accept_prob=info.acceptance_rate, diverging=info.is_divergent, step_size=info.step_size,
+            max_steps=info.num_steps, reward=info.reward, tuning_round=info.round, arm_changed=info.arm_changed,
+            adapt_probability=info.adapt_probability, engine=engine_state, rng_key=rng_key,
+        )
+        return new if self._vectorized else _unbatch(new)
+
+    def sample(self, state, model_args, model_kwargs):
+        return self._sample_fn(state, model_args, model_kwargs)
+
+
+def _unbatch(state: AdaptiveHMCState) -> AdaptiveHMCState:
+    """A single chain: drop the engine's chain axis of size 1 everywhere but in the engine state."""
+    fields = {name: jax.tree.map(lambda x: x[0], value) for name, value in state._asdict().items()
+              if name not in ("engine", "rng_key", "i")}
+    i = state.i[0] if jnp.ndim(state.i) else state.i
+    return AdaptiveHMCState(i=i, engine=state.engine, rng_key=state.rng_key, **fields)

@@ -1,0 +1,284 @@
+"""Benchmark targets as JAX log densities over a flat parameter vector.
+
+Every model is a :class:`Model`: ``logdensity_fn(x)`` takes a 1-D array of
+length ``dim`` and returns a scalar (up to an additive constant).  Chains start
+from :func:`initial_positions`, Stan's convention of ``init + Uniform(-2, 2)``
+in every coordinate, drawn once per run and given to every sampler alike.
+
+Models (paper = Wang, Mohamed & de Freitas, ICML 2013):
+
+* ``pima``, ``ripley``, ``breast_cancer``: Bayesian logistic regression, paper
+  section 5.1, eq. (1).  Features standardized (mean 0, population sd 1),
+  parameters ``x = (beta_0, beta_1..beta_D)``, prior N(0, sigma^2 = 100) on
+  every coefficient and the intercept (sd 10).  Data in ``benchmarks/data/``
+  (see ATTRIBUTION.md there); nothing is downloaded.
+* ``std_gauss_10``: 10-d standard normal.
+* ``diag_gauss_10``: 10-d diagonal normal, sds log-spaced from 0.01 to 100.
+* ``corr_gauss_2``: 2-d normal, unit variances, correlation 0.99.
+* ``stochastic_volatility``: paper section 5.3, T = 1000 simulated (d = 1003).
+
+The Gaussians carry their exact mean and sd (``Model.mean``, ``Model.sd``), so
+the benchmark also reports the largest |z| of the posterior means.
+"""
+
+from __future__ import annotations
+
+import csv
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+PRIOR_VARIANCE = 100.0  # paper 5.1: N(0, sigma^2) with sigma^2 = 100
+
+__all__ = [
+    "DATA_DIR",
+    "MODELS",
+    "Model",
+    "PRIOR_VARIANCE",
+    "get_model",
+    "initial_positions",
+    "load_breast_cancer",
+    "load_pima",
+    "load_ripley",
+    "standardize",
+]
+
+
+class Model(NamedTuple):
+    """A benchmark target.
+
+    name            registry key
+    logdensity_fn   flat float array (dim,) -> scalar log density (unnormalized)
+    dim             number of parameters
+    init            (dim,) float64 centre of the initial positions
+    description     one line for the report
+    mean, sd        (dim,) exact posterior mean and sd when known, else None
+    quick_draws     (num_warmup, num_samples) of the quick mode, None = the run's default
+    """
+
+    name: str
+    logdensity_fn: Callable
+    dim: int
+    init: np.ndarray
+    description: str
+    mean: np.ndarray | None = None
+    sd: np.ndarray | None = None
+    quick_draws: tuple[int, int] | None = None
+
+
+# --------------------------------------------------------------------------- #
+# Data
+# --------------------------------------------------------------------------- #
+
+
+def _read_csv(name: str) -> tuple[list[str], list[list[str]]]:
+    with open(DATA_DIR / name, newline="") as handle:
+        rows = list(csv.reader(handle))
+    return rows[0], rows[1:]
+
+
+@lru_cache(maxsize=None)
+def load_pima() -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Pima Indians diabetes, R's MASS ``Pima.tr`` (200 rows) then ``Pima.te`` (332).
+
+    Returns ``(X, y, feature_names)``: X (532, 7) float64 raw features
+    (npreg, glu, bp, skin, bmi, ped, age), y (532,) int 1 for ``type == "Yes"``.
+    """
+    header, rows = _read_csv("pima.csv")
+    X = np.array([[float(v) for v in row[:-1]] for row in rows])
+    y = np.array([1 if row[-1] == "Yes" else 0 for row in rows])
+    return X, y, header[:-1]
+
+
+@lru_cache(maxsize=None)
+def load_ripley() -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Ripley's synthetic two-class data, R's MASS ``synth.tr``: X (250, 2), y = ``yc`` (250,)."""
+    header, rows = _read_csv("synth_tr.csv")
+    X = np.array([[float(v) for v in row[:-1]] for row in rows])
+    y = np.array([int(row[-1]) for row in rows])
+    return X, y, header[:-1]
+
+
+@lru_cache(maxsize=None)
+def load_breast_cancer() -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Breast cancer Wisconsin (diagnostic), as scikit-learn ships it: X (569, 30), y (569,).
+
+    y follows scikit-learn: 0 = malignant, 1 = benign.
+    """
+    header, rows = _read_csv("breast_cancer.csv")
+    X = np.array([[float(v) for v in row[:-1]] for row in rows])
+    y = np.array([int(row[-1]) for row in rows])
+    return X, y, header[:-1]
+
+
+def standardize(X: np.ndarray) -> np.ndarray:
+    """Centre every column and scale it to population sd 1 (``ddof=0``)."""
+    return (X - X.mean(axis=0)) / X.std(axis=0)
+
+
+# --------------------------------------------------------------------------- #
+# Log densities
+# --------------------------------------------------------------------------- #
+
+
+def logistic_regression(name: str, X: np.ndarray, y: np.ndarray, description: str) -> Model:
+    """Paper eq. (1) with labels in {0, 1}; ``x = (intercept, coefficients)``.
+
+    log p(x | data) = sum_i [y_i log s(eta_i) + (1 - y_i) log s(-eta_i)] - |x|^2 / (2 sigma^2),
+    eta = beta_0 + X beta, s the logistic function, sigma^2 = 100.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    Xs = standardize(np.asarray(X, dtype=np.float64))
+    labels = np.asarray(y, dtype=np.float64)
+    dim = Xs.shape[1] + 1
+
+    def logdensity_fn(x):
+        design = jnp.asarray(Xs, dtype=x.dtype)
+        eta = x[0] + design @ x[1:]
+        loglik = jnp.sum(jnp.asarray(labels, x.dtype) * eta - jax.nn.softplus(eta))
+        return loglik - 0.5 * jnp.sum(x**2) / PRIOR_VARIANCE
+
+    return Model(name, logdensity_fn, dim, np.zeros(dim), description)
+
+
+def gaussian(name: str, mean, cov, description: str) -> Model:
+    """Multivariate normal N(mean, cov) (diagonal when ``cov`` is 1-D: variances)."""
+    import jax.numpy as jnp
+
+    mean = np.asarray(mean, dtype=np.float64)
+    cov = np.asarray(cov, dtype=np.float64)
+    dim = mean.shape[0]
+    if cov.ndim == 1:
+        precision_diag = 1.0 / cov
+
+        def logdensity_fn(x):
+            r = x - jnp.asarray(mean, x.dtype)
+            return -0.5 * jnp.sum(jnp.asarray(precision_diag, x.dtype) * r**2)
+
+        sd = np.sqrt(cov)
+    else:
+        precision = np.linalg.inv(cov)
+
+        def logdensity_fn(x):
+            r = x - jnp.asarray(mean, x.dtype)
+            return -0.5 * r @ (jnp.asarray(precision, x.dtype) @ r)
+
+        sd = np.sqrt(np.diag(cov))
+    return Model(name, logdensity_fn, dim, np.zeros(dim), description, mean=mean, sd=sd)
+
+
+def _pima() -> Model:
+    X, y, _ = load_pima()
+    return logistic_regression("pima", X, y, "logistic regression, Pima (MASS Pima.tr+Pima.te), 532 x 7")
+
+
+def _ripley() -> Model:
+    X, y, _ = load_ripley()
+    return logistic_regression("ripley", X, y, "logistic regression, Ripley (MASS synth.tr), 250 x 2")
+
+
+def _breast_cancer() -> Model:
+    X, y, _ = load_breast_cancer()
+    return logistic_regression(
+        "breast_cancer", X, y, "logistic regression, breast cancer (scikit-learn), 569 x 30"
+    )
+
+
+def _std_gauss_10() -> Model:
+    return gaussian("std_gauss_10", np.zeros(10), np.ones(10), "10-d standard normal")
+
+
+def _diag_gauss_10() -> Model:
+    scales = np.logspace(-2, 2, 10)
+    return gaussian(
+        "diag_gauss_10", np.zeros(10), scales**2, "10-d diagonal normal, sd log-spaced 0.01..100"
+    )
+
+
+def _corr_gauss_2() -> Model:
+    cov = np.array([[1.0, 0.99], [0.99, 1.0]])
+    return gaussian("corr_gauss_2", np.zeros(2), cov, "2-d normal, unit variances, correlation 0.99")
+
+
+def simulate_stochastic_volatility(num_steps=1000, beta=0.65, sigma=0.15, phi=0.98, seed=20130616):
+    """Data of paper section 5.3: x_1 ~ N(0, sigma^2/(1-phi^2)), x_{t+1} = phi x_t + sigma eta,
+    y_t = beta exp(x_t / 2) eps_t.  Returns (y, x) as float64 arrays."""
+    rng = np.random.default_rng(seed)
+    x = np.empty(num_steps)
+    x[0] = rng.normal(0.0, sigma / np.sqrt(1.0 - phi**2))
+    for t in range(1, num_steps):
+        x[t] = phi * x[t - 1] + sigma * rng.normal()
+    y = beta * np.exp(0.5 * x) * rng.normal(size=num_steps)
+    return y, x
+
+
+def stochastic_volatility(num_steps: int = 1000) -> Model:
+    """Paper section 5.3 (Kim et al. 1998; Girolami & Calderhead 2011).
+
+    Parameters ``(x_1..x_T, log beta, alpha, gamma)`` with ``phi = tanh(alpha)``
+    and ``sigma = exp(gamma)``; priors ``p(beta) ∝ 1/beta`` (flat in log beta),
+    ``(phi + 1)/2 ~ Beta(20, 1.5)``, ``sigma^2 ~ scaled-inv-chi^2(10, 0.05)``,
+    with the Jacobians of the transformations.
+    """
+    import jax.numpy as jnp
+
+    y, _ = simulate_stochastic_volatility(num_steps)
+    nu, s2 = 10.0, 0.05
+
+    def logdensity_fn(params):
+        x, log_beta, alpha, gamma = params[:num_steps], params[-3], params[-2], params[-1]
+        data = jnp.asarray(y, params.dtype)
+        phi, sigma = jnp.tanh(alpha), jnp.exp(gamma)
+        one_minus_phi2 = 1.0 - phi**2
+        # y_t ~ N(0, beta exp(x_t / 2))
+        loglik = -jnp.sum(log_beta + 0.5 * x) - 0.5 * jnp.sum(data**2 * jnp.exp(-2.0 * log_beta - x))
+        # AR(1) prior on the log-volatility
+        log_x1 = -0.5 * (x[0] ** 2) * one_minus_phi2 / sigma**2 - gamma + 0.5 * jnp.log(one_minus_phi2)
+        innovations = x[1:] - phi * x[:-1]
+        log_ar = -0.5 * jnp.sum(innovations**2) / sigma**2 - (num_steps - 1) * gamma
+        # priors and Jacobians: sigma^2 ~ scaled-inv-chi2 in gamma; (phi+1)/2 ~ Beta(20, 1.5) in alpha
+        log_sigma = -nu * gamma - 0.5 * nu * s2 * jnp.exp(-2.0 * gamma)
+        u = 0.5 * (phi + 1.0)
+        log_phi = 19.0 * jnp.log(u) + 0.5 * jnp.log1p(-u) + jnp.log(one_minus_phi2)
+        return loglik + log_x1 + log_ar + log_sigma + log_phi
+
+    init = np.concatenate([np.zeros(num_steps), [np.log(np.std(y)), np.arctanh(0.9), np.log(0.2)]])
+    return Model(
+        "stochastic_volatility", logdensity_fn, num_steps + 3, init,
+        f"stochastic volatility (paper 5.3), T = {num_steps} simulated, beta 0.65, sigma 0.15, phi 0.98",
+    )
+
+
+# name -> builder (models are built lazily: JAX is imported only when needed)
+MODELS: dict[str, Callable[[], Model]] = {
+    "pima": _pima,
+    "ripley": _ripley,
+    "breast_cancer": _breast_cancer,
+    "std_gauss_10": _std_gauss_10,
+    "diag_gauss_10": _diag_gauss_10,
+    "corr_gauss_2": _corr_gauss_2,
+    "stochastic_volatility": stochastic_volatility,
+}
+
+
+def get_model(name: str) -> Model:
+    """Build the model registered as ``name``; a ValueError lists the known names."""
+    try:
+        builder = MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+    return builder()
+
+
+def initial_positions(model: Model, num_chains: int, seed: int) -> np.ndarray:
+    """(num_chains, dim) float64 starting points: ``model.init + Uniform(-2, 2)`` (Stan's default).
+
+    Drawn with NumPy from ``seed`` so every sampler starts from the same points.
+    """
+    rng = np.random.default_rng([seed, model.dim, num_chains])
+    return model.init + rng.uniform(-2.0, 2.0, size=(num_chains, model.dim))

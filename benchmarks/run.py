@@ -1,0 +1,415 @@
+"""Run the benchmark: every selected sampler on every selected model; write JSON + Markdown.
+
+    ./dev run python -m benchmarks.run                       # quick mode (all models, all samplers)
+    ./dev run python -m benchmarks.run --full
+    ./dev run python -m benchmarks.run --models pima,ripley --samplers blackjax_nuts,numpyro_nuts
+    ./dev run python -m benchmarks.run --output benchmarks/results/nuts_quick.json --seed 0
+
+Per (model, sampler): ``--chains`` chains (4) from the same starting points
+(``init + Uniform(-2, 2)``) and the same PRNG key for every sampler,
+``--num-warmup`` warm-up and ``--num-samples`` kept draws per chain (1000 and
+1000; the quick mode may use fewer for expensive models, and the report says
+so).  JAX runs in float64 unless ``--float32``.  A sampler that raises (a
+missing package included) is recorded as failed with the reason, and the run
+goes on.  The JSON holds every number (``benchmarks/metrics.py``) and the
+environment; the Markdown report next to it (same name, ``.md``) is also
+printed.
+
+Modes: today ``--full`` runs the same six models as the quick default, all at
+1000 + 1000 (the quick run of the two NUTS baselines takes about 2 minutes on
+the 2-core development machine); the expensive models of issue 8 (LGCP at
+d = 64, stochastic volatility, posteriordb) are to join the full mode, and a
+model can set ``Model.quick_draws`` to run shorter in quick mode (the report
+then says so).
+
+Samplers are registered in ``benchmarks.samplers.SAMPLERS`` and models in
+``benchmarks.models.MODELS``; ``--list`` prints both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+import zlib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .metrics import summarize
+from .models import MODELS, get_model, initial_positions
+from .samplers import SAMPLERS
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SCHEMA_VERSION = 1
+
+# The models and samplers of each mode (all registered ones unless listed here).
+QUICK_MODELS = list(MODELS)
+FULL_MODELS = list(MODELS)
+DEFAULT_SAMPLERS = list(SAMPLERS)
+NUTS_SAMPLERS = ("blackjax_nuts", "numpyro_nuts")  # the baselines the ratio column compares against
+
+PACKAGES = (
+    "ahmc", "jax", "jaxlib", "blackjax", "numpyro", "arviz_base", "arviz_stats",
+    "numpy", "scipy", "optax", "pymc", "pytensor",
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- #
+# Environment
+# --------------------------------------------------------------------------- #
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def environment(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    import jax
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    status = _git("status", "--porcelain")
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.run", *argv]),
+        "seed": args.seed,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "nproc": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "jax_backend": jax.default_backend(),
+        "jax_devices": [str(device) for device in jax.devices()],
+        "jax_enable_x64": bool(jax.config.jax_enable_x64),
+        "packages": versions,
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+    }
+
+
+# --------------------------------------------------------------------------- #
+# Running
+# --------------------------------------------------------------------------- #
+
+
+def _model_key(seed: int, name: str):
+    import jax
+
+    return jax.random.fold_in(jax.random.key(seed), zlib.crc32(name.encode()) & 0x7FFFFFFF)
+
+
+def run_one(sampler_name, model, positions, num_warmup, num_samples, seed, options) -> dict[str, Any]:
+    """Run one sampler on one model; never raises (a failure is recorded with its reason)."""
+    record: dict[str, Any] = {
+        "model": model.name,
+        "sampler": sampler_name,
+        "num_chains": int(positions.shape[0]),
+        "num_warmup": num_warmup,
+        "num_samples": num_samples,
+        "options": options,
+    }
+    start = time.perf_counter()
+    try:
+        runner = SAMPLERS[sampler_name]
+        run = runner(_model_key(seed, model.name), model, positions, num_warmup, num_samples, **options)
+        record["metrics"] = summarize(
+            run.draws,
+            run.num_grads_warmup,
+            run.num_grads_sampling,
+            run.num_divergent_warmup,
+            run.num_divergent_sampling,
+            warmup_s=run.timing["warmup_s"],
+            sampling_s=run.timing["sampling_s"],
+            mean=model.mean,
+            sd=model.sd,
+        )
+        record["timing"] = run.timing
+        record["extra"] = run.extra
+        record["status"] = "ok"
+    except Exception as error:  # noqa: BLE001 - the run must go on
+        record["status"] = "failed"
+        record["reason"] = f"{type(error).__name__}: {error}"
+        record["traceback"] = traceback.format_exc(limit=8)
+    record["elapsed_s"] = time.perf_counter() - start
+    return record
+
+
+def _draws_for(model, args) -> tuple[int, int, str | None]:
+    num_warmup, num_samples = args.num_warmup, args.num_samples
+    note = None
+    if not args.full and model.quick_draws is not None and not args.draws_given:
+        num_warmup, num_samples = model.quick_draws
+        note = f"quick mode: {model.name} uses {num_warmup} warm-up / {num_samples} draws per chain"
+    return num_warmup, num_samples, note
+
+
+def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    model_names = args.models
+    sampler_names = args.samplers
+    options = args.sampler_options
+    results: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "mode": "full" if args.full else "quick",
+        "settings": {
+            "models": model_names,
+            "samplers": sampler_names,
+            "num_chains": args.chains,
+            "num_warmup": args.num_warmup,
+            "num_samples": args.num_samples,
+            "dtype": "float32" if args.float32 else "float64",
+            "sampler_options": options,
+        },
+        "environment": environment(args, argv),
+        "notes": [],
+        "models": {},
+        "runs": [],
+    }
+    total = len(model_names) * len(sampler_names)
+    done = 0
+    clock = time.perf_counter()
+    for model_name in model_names:
+        model = get_model(model_name)
+        num_warmup, num_samples, note = _draws_for(model, args)
+        if note:
+            results["notes"].append(note)
+        results["models"][model_name] = {
+            "description": model.description,
+            "dim": model.dim,
+            "num_warmup": num_warmup,
+            "num_samples": num_samples,
+        }
+        positions = initial_positions(model, args.chains, args.seed)
+        if args.float32:
+            positions = positions.astype(np.float32)
+        for sampler_name in sampler_names:
+            done += 1
+            print(
+                f"[{done}/{total}] {model_name} / {sampler_name}: {args.chains} chains, "
+                f"{num_warmup} warm-up + {num_samples} draws ...",
+                end="",
+                flush=True,
+            )
+            record = run_one(
+                sampler_name, model, positions, num_warmup, num_samples, args.seed, options.get(sampler_name, {})
+            )
+            results["runs"].append(record)
+            if record["status"] == "ok":
+                m, t = record["metrics"], record["timing"]
+                print(
+                    f" {record['elapsed_s']:.1f} s (compile {t['compile_s']:.1f} s); "
+                    f"ESS/grad min {m['ess_per_grad']['min']:.4f}, max R-hat {m['rhat_max']:.3f}",
+                    flush=True,
+                )
+            else:
+                print(f" FAILED after {record['elapsed_s']:.1f} s: {record['reason']}", flush=True)
+    results["total_elapsed_s"] = time.perf_counter() - clock
+    return results
+
+
+# --------------------------------------------------------------------------- #
+# Report
+# --------------------------------------------------------------------------- #
+
+
+def _fmt(value, digits=3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, int):
+        return str(value)
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:.0f}"
+    return f"{value:.{digits}g}"
+
+
+def _triple(d: dict[str, float], digits=3) -> str:
+    return " / ".join(_fmt(d[k], digits) for k in ("min", "median", "max"))
+
+
+def markdown_report(results: dict[str, Any]) -> str:
+    env = results["environment"]
+    settings = results["settings"]
+    lines = [
+        f"# Benchmark ({results['mode']} mode)",
+        "",
+        f"`{env['command']}` -- {env['date_utc']}, seed {env['seed']}, {settings['dtype']}, "
+        f"{settings['num_chains']} chains; {env['cpu_model']}, {env['nproc']} CPUs, JAX {env['packages'].get('jax')} "
+        f"on {env['jax_backend']}, BlackJAX {env['packages'].get('blackjax')}, NumPyro {env['packages'].get('numpyro')}; "
+        f"git {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}. "
+        f"Total {results['total_elapsed_s'] / 60:.1f} min.",
+        "",
+        "ESS: ArviZ bulk ESS over all chains, per coordinate; min / median / max over coordinates. "
+        "Per gradient = per leapfrog step of the sampling phase (paper's ESS/L); 'w/ warm-up' also counts "
+        "warm-up gradients. ESS/s uses sampling wall time with JAX compilation taken out (compile time "
+        "apart). 'vs NUTS' = min ESS/grad over the best NUTS baseline's on that model.",
+        "",
+    ]
+    for note in results["notes"]:
+        lines.append(f"- {note}")
+    if results["notes"]:
+        lines.append("")
+    header = (
+        "| sampler | ESS/grad min / med / max | vs NUTS | min ESS/grad w/ warm-up | min ESS | "
+        "min ESS/s | grads/draw | max R-hat | div (warm-up, sampling) | compile s | sampling s |"
+    )
+    num_columns = header.count("|") - 1
+    for model_name, model_info in results["models"].items():
+        runs = [r for r in results["runs"] if r["model"] == model_name]
+        best_nuts = max(
+            (r["metrics"]["ess_per_grad"]["min"] for r in runs if r["status"] == "ok" and r["sampler"] in NUTS_SAMPLERS),
+            default=None,
+        )
+        lines += [
+            f"## {model_name}: {model_info['description']} (d = {model_info['dim']}; "
+            f"{model_info['num_warmup']} warm-up + {model_info['num_samples']} draws per chain)",
+            "",
+            header,
+            "|" + "---|" * num_columns,
+        ]
+        for r in runs:
+            if r["status"] != "ok":
+                reason = r["reason"].splitlines()[0][:160].replace("|", "\\|")
+                lines.append(f"| {r['sampler']} | FAILED: {reason} |" + " |" * (num_columns - 2))
+                continue
+            m, t = r["metrics"], r["timing"]
+            ratio = None
+            if best_nuts and best_nuts > 0 and math.isfinite(m["ess_per_grad"]["min"]):
+                ratio = m["ess_per_grad"]["min"] / best_nuts
+            sampling_s = _fmt(t["sampling_s"]) + ("*" if t.get("sampling_time_estimated") else "")
+            lines.append(
+                f"| {r['sampler']} | {_triple(m['ess_per_grad'])} | {_fmt(ratio)} | "
+                f"{_fmt(m['ess_per_grad_with_warmup']['min'])} | {_fmt(m['ess_bulk']['min'], 4)} | "
+                f"{_fmt(m['ess_per_second']['min'])} | {_fmt(m['grads']['per_draw'])} | {_fmt(m['rhat_max'], 4)} | "
+                f"{m['divergences']['warmup']}, {m['divergences']['sampling']} | {_fmt(t['compile_s'])} | {sampling_s} |"
+            )
+        z = [
+            (r["sampler"], r["metrics"].get("max_abs_z_mean"), r["metrics"].get("max_abs_z_var"))
+            for r in runs
+            if r["status"] == "ok" and r["metrics"].get("max_abs_z_mean") is not None
+        ]
+        if z:
+            lines += ["", "Exact moments, largest |z| (mean, variance): " + "; ".join(
+                f"{name} {_fmt(zm)}, {_fmt(zv)}" for name, zm, zv in z
+            ) + "."]
+        lines.append("")
+    if any(r.get("timing", {}).get("sampling_time_estimated") for r in results["runs"]):
+        lines += ["\\* warm-up and sampling ran in one call; sampling time apportioned by gradient counts.", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- #
+# Command line
+# --------------------------------------------------------------------------- #
+
+
+def _names(text: str, known: dict, what: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}")
+    return names
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--full", action="store_true", help="full mode (default: quick)")
+    parser.add_argument("--models", type=lambda s: _names(s, MODELS, "model"), default=None,
+                        help=f"comma-separated subset of: {', '.join(MODELS)}")
+    parser.add_argument("--samplers", type=lambda s: _names(s, SAMPLERS, "sampler"), default=None,
+                        help=f"comma-separated subset of: {', '.join(SAMPLERS)}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chains", type=int, default=4)
+    parser.add_argument("--num-warmup", type=int, default=None, help="warm-up iterations per chain (1000)")
+    parser.add_argument("--num-samples", type=int, default=None, help="kept draws per chain (1000)")
+    parser.add_argument("--float32", action="store_true", help="run JAX in float32 (default float64)")
+    parser.add_argument("--sampler-options", type=json.loads, default={},
+                        help='JSON: {"sampler": {"option": value}}, passed to the runner')
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON path (default benchmarks/results/bench_<mode>.json); the .md goes beside it")
+    parser.add_argument("--list", action="store_true", help="list models and samplers, then exit")
+    args = parser.parse_args(argv)
+    args.draws_given = args.num_warmup is not None or args.num_samples is not None
+    args.num_warmup = 1000 if args.num_warmup is None else args.num_warmup
+    args.num_samples = 1000 if args.num_samples is None else args.num_samples
+    if args.models is None:
+        args.models = FULL_MODELS if args.full else QUICK_MODELS
+    if args.samplers is None:
+        args.samplers = DEFAULT_SAMPLERS
+    if args.output is None:
+        args.output = RESULTS_DIR / f"bench_{'full' if args.full else 'quick'}.json"
+    unknown = [name for name in args.sampler_options if name not in SAMPLERS]
+    if unknown:
+        parser.error(f"--sampler-options names unknown samplers: {unknown}")
+    return args
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.list:
+        for name in MODELS:
+            print(f"model    {name}: {get_model(name).description}")
+        for name, runner in SAMPLERS.items():
+            print(f"sampler  {name}: {(runner.__doc__ or '').strip().splitlines()[0]}")
+        return {}
+
+    import jax
+
+    jax.config.update("jax_enable_x64", not args.float32)
+    results = run_benchmark(args, argv)
+    report = markdown_report(results)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=1, default=_json_default, allow_nan=True) + "\n")
+    markdown_path = args.output.with_suffix(".md")
+    markdown_path.write_text(report + "\n")
+    print()
+    print(report)
+    print(f"wrote {args.output} and {markdown_path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""The JAX engine and the BlackJAX adapter: correctness within Monte Carlo error, API contracts.
+
+Statistical tests follow STYLE.md: 4 chains, fixed seeds, ESS-based z-scores
+for the mean and the second central moment (|z| < 4.5), bulk ESS >= 200 and
+split R-hat < 1.01 (``tests/reference.py``).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("blackjax")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from ahmc.adapters.blackjax import (  # noqa: E402
+    adaptive_hmc,
+    gpucb_adaptation,
+    run_chains,
+    uniform_steps_hmc,
+)
+
+from ..reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
+
+NUM_CHAINS = 4
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def standard_normal(x):
+    return -0.5 * jnp.sum(x**2)
+
+
+def initial_positions(seed, dim, scale=1.0):
+    return scale * jax.random.normal(jax.random.key(seed), (NUM_CHAINS, dim))
+
+
+# --------------------------------------------------------------------------- #
+# Correctness: Gaussians
+# --------------------------------------------------------------------------- #
+
+
+def test_standard_normal_10d():
+    samples, info = run_chains(jax.random.key(0), standard_normal, initial_positions(1, 10), 1000, 2000)
+    assert samples.shape == (NUM_CHAINS, 2000, 10)
+    assert_moments_match(np.asarray(samples), np.zeros(10), np.ones(10))
+
+
+def test_correlated_gaussian_2d():
+    """The paper's 2-d Gaussian with correlation 0.99: the diagonal metric cannot whiten it."""
+    covariance = jnp.array([[1.0, 0.99], [0.99, 1.0]])
+    precision = jnp.linalg.inv(covariance)
+
+    def logdensity(x):
+        return -0.5 * x @ precision @ x
+
+    samples, info = run_chains(jax.random.key(2), logdensity, initial_positions(3, 2), 1000, 2000)
+    assert_moments_match(np.asarray(samples), np.zeros(2), np.ones(2))
+    # The tuner found long trajectories (the narrow direction forces a small step).
+    sampling = ~np.asarray(info.is_warmup[:, 0])
+    assert np.asarray(info.num_steps)[sampling].mean() > 5
+
+
+def test_ill_scaled_diagonal_gaussian():
+    """Scales from 0.01 to 100: the warm-up mass matrix makes AHMC scale-free."""
+    scales = jnp.asarray(np.logspace(-2, 2, 10))
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / scales) ** 2)
+
+    samples, info = run_chains(jax.random.key(4), logdensity, initial_positions(5, 10), 1000, 2000)
+    assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
+
+
+# --------------------------------------------------------------------------- #
+# Correctness: posteriordb references
+# --------------------------------------------------------------------------- #
+
+
+def eight_schools_noncentered():
+    data = load_reference("eight_schools-eight_schools_noncentered")["data"]
+    y, sigma = jnp.asarray(data["y"], jnp.float32), jnp.asarray(data["sigma"], jnp.float32)
+
+    def logdensity(params):
+        tau = jnp.exp(params["log_tau"])
+        theta = params["mu"] + tau * params["theta_trans"]
+        log_prior = (
+            -0.5 * jnp.sum(params["theta_trans"] ** 2)
+            - 0.5 * (params["mu"] / 5.0) ** 2
+            - jnp.log1p((tau / 5.0) ** 2)  # half-Cauchy(0, 5)
+            + params["log_tau"]  # Jacobian of tau = exp(log_tau)
+        )
+        return log_prior - 0.5 * jnp.sum(((y - theta) / sigma) ** 2)
+
+    return logdensity
+
+
+def test_eight_schools_noncentered_reference():
+    key = jax.random.key(6)
+    positions = {
+        "mu": jax.random.normal(key, (NUM_CHAINS,)),
+        "log_tau": jax.random.normal(jax.random.fold_in(key, 1), (NUM_CHAINS,)),
+        "theta_trans": jax.random.normal(jax.random.fold_in(key, 2), (NUM_CHAINS, 8)),
+    }
+    samples, info = run_chains(jax.random.key(7), eight_schools_noncentered(), positions, 1000, 2000)
+    tau = np.exp(np.asarray(samples["log_tau"]))
+    mu = np.asarray(samples["mu"])
+    draws = {"mu": mu, "tau": tau, "theta": mu[..., None] + tau[..., None] * np.asarray(samples["theta_trans"])}
+    assert_reference_match(draws, "eight_schools-eight_schools_noncentered")
+
+
+def test_sblrc_blr_reference():
+    """Linear regression with predictors of scale ~100: posterior sds differ by 10^4."""
+    data = load_reference("sblrc-blr")["data"]
+    x, y = jnp.asarray(data["X"], jnp.float32), jnp.asarray(data["y"], jnp.float32)
+
+    def logdensity(params):
+        sigma = jnp.exp(params["log_sigma"])
+        residual = (y - x @ params["beta"]) / sigma
+        return (
+            -0.5 * jnp.sum((params["beta"] / 10.0) ** 2)
+            - 0.5 * (sigma / 10.0) ** 2
+            + params["log_sigma"]  # Jacobian
+            - 0.5 * jnp.sum(residual**2)
+            - y.shape[0] * params["log_sigma"]
+        )
+
+    key = jax.random.key(8)
+    positions = {
+        "beta": 1.0 + 0.01 * jax.random.normal(key, (NUM_CHAINS, 5)),
+        "log_sigma": 0.1 * jax.random.normal(jax.random.fold_in(key, 1), (NUM_CHAINS,)),
+    }
+    samples, info = run_chains(jax.random.key(9), logdensity, positions, 1000, 1000)
+    draws = {"beta": np.asarray(samples["beta"], np.float64), "sigma": np.exp(np.asarray(samples["log_sigma"], np.float64))}
+    assert_reference_match(draws, "sblrc-blr")
+
+
+# --------------------------------------------------------------------------- #
+# The BlackJAX API
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def warmed_up():
+    warmup = gpucb_adaptation(standard_normal)
+    (state, parameters), info = warmup.run(jax.random.key(10), initial_positions(11, 5), 600)
+    return state, parameters, info
+
+
+def test_adaptation_returns_blackjax_results(warmed_up):
+    state, parameters, info = warmed_up
+    assert set(parameters) == {"step_size", "inverse_mass_matrix", "num_integration_steps"}
+    assert state.position.shape == (NUM_CHAINS, 5)
+    assert info.info.step_size.shape == (600, NUM_CHAINS)
+    lo, hi = np.asarray(info.search_box.step_size)
+    assert 0 < lo <= float(parameters["step_size"]) <= hi
+    l_lo, l_hi = np.asarray(info.search_box.num_steps)
+    assert l_lo <= int(parameters["num_integration_steps"]) <= l_hi
+    np.testing.assert_allclose(np.asarray(parameters["inverse_mass_matrix"]), 1.0, atol=0.5)
+    # Rewards only at round ends, each round m = 10 iterations, all in the GP phase.
+    reward = np.asarray(info.info.reward[:, 0])
+    ends = np.flatnonzero(np.isfinite(reward))
+    assert len(ends) == 30 and np.all(np.diff(ends) == 10)
+    assert np.all(np.asarray(info.info.adapt_probability) == 1.0)  # p_i = 1 throughout warm-up
+    assert np.asarray(info.info.arm_changed).any()
+    assert int(info.tuner_state.round) == 30
+
+
+def test_parameters_work_in_plain_blackjax_loop(warmed_up):
+    state, parameters, _ = warmed_up
+    kernel = uniform_steps_hmc(standard_normal, **parameters)
+    step = jax.jit(jax.vmap(kernel.step))
+
+    def one_step(state, key):
+        state, info = step(jax.random.split(key, NUM_CHAINS), state)
+        return state, (state.position, info.num_integration_steps)
+
+    _, (draws, num_steps) = jax.lax.scan(one_step, state, jax.random.split(jax.random.key(12), 1000))
+    num_steps = np.asarray(num_steps)
+    assert num_steps.min() >= 1 and num_steps.max() <= int(parameters["num_integration_steps"])
+    assert_moments_match(np.swapaxes(np.asarray(draws), 0, 1), np.zeros(5), np.ones(5))
+
+
+def test_same_key_same_draws():
+    positions = initial_positions(13, 3)
+    first, info = run_chains(jax.random.key(14), standard_normal, positions, 200, 100)
+    again, _ = run_chains(jax.random.key(14), standard_normal, positions, 200, 100)
+    other, _ = run_chains(jax.random.key(15), standard_normal, positions, 200, 100)
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
+    assert not np.array_equal(np.asarray(first), np.asarray(other))
+
+
+def test_independent_tuners_run_and_differ():
+    samples, info = run_chains(
+        jax.random.key(16), standard_normal, initial_positions(17, 5), 1000, 2000, pooled=False
+    )
+    step_sizes = np.asarray(info.step_size)[-1]
+    assert len(set(step_sizes.tolist())) > 1  # each chain has its own arm
+    rewards = np.asarray(info.reward)
+    ends = np.isfinite(rewards[:, 0])
+    assert not np.allclose(rewards[ends, 0], rewards[ends, 1])  # one reward per chain
+    assert_moments_match(np.asarray(samples), np.zeros(5), np.ones(5))
+
+
+def test_adaptation_runs_under_jit():
+    run = jax.jit(gpucb_adaptation(standard_normal).run, static_argnums=2)
+    (state, parameters), info = run(jax.random.key(31), initial_positions(32, 3), 300)
+    assert np.isfinite(float(parameters["step_size"])) and int(parameters["num_integration_steps"]) >= 1
+    assert state.position.shape == (NUM_CHAINS, 3)
+
+
+def test_pooled_tuner_shares_one_arm():
+    _, info = run_chains(jax.random.key(18), standard_normal, initial_positions(19, 5), 300, 100)
+    for field in (info.step_size, info.num_steps, info.reward):
+        values = np.asarray(field)
+        np.testing.assert_array_equal(values, np.broadcast_to(values[:, :1], values.shape))
+
+
+def test_adaptive_hmc_continues_the_warmup_and_freezes():
+    options = {"freeze_after": "warmup"}
+    warmup = gpucb_adaptation(standard_normal, **options)
+    _, warm_info = warmup.run(jax.random.key(20), initial_positions(21, 5), 400)
+    sampler = adaptive_hmc(standard_normal, num_warmup=400, **options)
+    step = jax.jit(sampler.step)
+    state = warm_info.adaptation_state
+    arms = []
+    for key in jax.random.split(jax.random.key(22), 300):
+        state, info = step(key, state)
+        arms.append((float(info.step_size[0]), int(info.num_steps[0])))
+        assert not bool(info.is_warmup[0])
+    assert len(set(arms)) == 1  # frozen after warm-up
+    assert int(state.tuner.round) == 20 + 30  # rewards still recorded (GP keeps learning)
+
+
+def test_infinite_adaptation_probability_decays():
+    _, info = run_chains(jax.random.key(23), standard_normal, initial_positions(24, 3), 400, 2000)
+    p = np.asarray(info.adapt_probability[:, 0])
+    warm = np.asarray(info.is_warmup[:, 0])
+    assert np.all(p[warm] == 1.0)
+    k = 20  # GP rounds in warm-up: (400 - 200) / 10
+    rounds_after = 200
+    np.testing.assert_allclose(p[-1], (k + rounds_after - k + 1) ** -0.5, rtol=1e-5)
+
+
+def test_paper_preset():
+    """Identity metric, user box, GP from the first round, k = 100, linear eps grid."""
+    _, info = run_chains(
+        jax.random.key(25), standard_normal, initial_positions(26, 5), 500, 100,
+        paper_preset=True, step_size_bounds=(0.05, 1.5), num_steps_bounds=(1, 20),
+    )
+    rounds = np.asarray(info.round[:, 0])
+    assert rounds[0] == 1 and rounds[9] == 1 and rounds[10] == 2
+    assert np.all(np.asarray(info.adapt_probability) == 1.0)  # 60 rounds < k = 100
+    eps = np.asarray(info.step_size[:, 0])
+    assert eps.min() >= 0.05 - 1e-6 and eps.max() <= 1.5 + 1e-6
+    assert len(np.unique(eps)) > 3
+
+
+def test_nonfinite_initial_logdensity_raises():
+    def logdensity(x):
+        return jnp.sum(jnp.log(x))  # NaN for x < 0
+
+    positions = jnp.abs(initial_positions(27, 3)).at[2, 0].set(-1.0)
+    with pytest.raises(ValueError, match=r"not finite at the initial position of chain\(s\) \[2\]"):
+        gpucb_adaptation(logdensity).run(jax.random.key(28), positions, 100)
+    with pytest.raises(ValueError, match="leading chain axis"):
+        adaptive_hmc(standard_normal).init(jnp.zeros(()))
+
+
+def test_divergences_are_counted_not_fatal():
+    """Step sizes beyond the stability limit (eps > 2 on a unit Gaussian) diverge."""
+    samples, info = run_chains(
+        jax.random.key(29), standard_normal, initial_positions(30, 10), 200, 200,
+        paper_preset=True, step_size_bounds=(1.0, 4.0), num_steps_bounds=(5, 10),
+    )
+    assert int(np.asarray(info.is_divergent).sum()) > 0
+    assert np.isfinite(np.asarray(samples)).all()
+    assert np.isfinite(np.asarray(info.reward)[np.isfinite(np.asarray(info.reward))]).all()
+
+
+def test_bad_options_raise_before_tracing():
+    with pytest.raises(ValueError, match="both"):
+        adaptive_hmc(standard_normal, step_size_bounds=(0.1, 1.0))
+    with pytest.raises(ValueError, match="needs step_size_bounds"):
+        adaptive_hmc(standard_normal, paper_preset=True)
+    with pytest.raises(ValueError, match="metric"):
+        adaptive_hmc(standard_normal, num_warmup=0)
+
+
+def test_multi_device_sharded_chains():
+    """Chains sharded over two simulated host devices (the flag must precede the jax import)."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from ahmc.adapters.blackjax import run_chains
+        assert len(jax.devices()) == 2, jax.devices()
+        mesh = Mesh(np.array(jax.devices()), ("chains",))
+        positions = jax.device_put(jax.random.normal(jax.random.key(0), (4, 3)), NamedSharding(mesh, P("chains")))
+        logdensity = lambda x: -0.5 * jnp.sum(x**2)
+        samples, info = run_chains(jax.random.key(1), logdensity, positions, 300, 500)
+        print(samples.sharding.device_set == set(jax.devices()), samples.shape)
+        # Same algorithm as unsharded; reductions may associate differently, so only
+        # the first iterations agree to rounding before the chains drift apart.
+        _, reference = run_chains(jax.random.key(1), logdensity, np.asarray(positions), 300, 500)
+        np.testing.assert_allclose(np.asarray(info.logdensity[:10]), np.asarray(reference.logdensity[:10]), rtol=1e-3)
+        draws = np.asarray(samples).reshape(-1, 3)
+        assert np.all(np.abs(draws.mean(0)) < 0.3) and np.all(np.abs(draws.var(0) - 1) < 0.4), draws.var(0)
+        """
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "True (4, 500, 3)" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10))
+def test_gaussians_over_seeds(seed):
+    """Guard against seed hacking: the Gaussian checks over 10 seeds (run with -m slow)."""
+    scales = jnp.asarray(np.logspace(-2, 2, 10))
+    samples, _ = run_chains(jax.random.key(1000 + seed), standard_normal, initial_positions(seed, 10), 1000, 2000)
+    assert_moments_match(np.asarray(samples), np.zeros(10), np.ones(10))
+    samples, _ = run_chains(
+        jax.random.key(2000 + seed), lambda x: -0.5 * jnp.sum((x / scales) ** 2), initial_positions(seed, 10), 1000, 2000
+    )
+    assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))

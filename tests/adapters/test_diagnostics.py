@@ -1,0 +1,218 @@
+"""Tuning history from real runs (NumPyro DataTree, BlackJAX info, a PyMC-named DataTree) and the plots."""
+
+import io
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+numpyro = pytest.importorskip("numpyro")
+arviz_base = pytest.importorskip("arviz_base")
+xr = pytest.importorskip("xarray")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpyro.distributions as dist  # noqa: E402
+from numpyro.infer import MCMC  # noqa: E402
+
+from ahmc.adapters.diagnostics import (  # noqa: E402
+    config_from_numpyro,
+    history_from_blackjax,
+    history_from_datatree,
+)
+from ahmc.adapters.numpyro import AdaptiveHMC  # noqa: E402
+from ahmc.core.diagnostics import (  # noqa: E402
+    TuningConfig,
+    arm_parameters,
+    rebuild_surrogate,
+    replay,
+    tuning_summary,
+    tuning_warnings,
+)
+
+from ..core.test_diagnostics import assert_same_tuner, simulate  # noqa: E402
+
+Y = np.random.default_rng(0).normal(1.0, 2.0, size=40)
+
+
+def model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
+    numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+@pytest.fixture(scope="module")
+def numpyro_run():
+    """Two pooled chains, automatic box; warm-up stats kept as the `warmup_sample_stats` group."""
+    mcmc = MCMC(AdaptiveHMC(model), num_warmup=200, num_samples=100, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.warmup(jax.random.key(0), Y, collect_warmup=True)
+    warmup = arviz_base.from_numpyro(mcmc)
+    mcmc.run(mcmc.post_warmup_state.rng_key, Y)
+    tree = arviz_base.from_numpyro(mcmc)
+    tree["warmup_sample_stats"] = warmup["sample_stats"]
+    return mcmc, tree
+
+
+def assert_matches_engine(state, engine_tuner):
+    """Replayed (NumPy float64) tuner vs the engine's (JAX, float32 by default)."""
+    np.testing.assert_array_equal(state.buffer.arm, np.asarray(engine_tuner.buffer.arm))
+    np.testing.assert_array_equal(state.buffer.count, np.asarray(engine_tuner.buffer.count))
+    np.testing.assert_array_equal(state.buffer.last_round, np.asarray(engine_tuner.buffer.last_round))
+    np.testing.assert_allclose(state.buffer.mean_reward, np.asarray(engine_tuner.buffer.mean_reward), rtol=1e-5)
+    np.testing.assert_allclose(state.grid_variance, np.asarray(engine_tuner.grid_variance), atol=1e-5)
+    assert int(state.round) == int(engine_tuner.round)
+
+
+def test_numpyro_history_equals_the_engine_record(numpyro_run):
+    mcmc, tree = numpyro_run
+    config = config_from_numpyro(mcmc)
+    assert config.num_num_steps == 32  # automatic box: L columns repeat when the box has few integers
+    history = history_from_datatree(tree, config=config)
+    engine = mcmc.last_state.engine.tuner
+    assert history.pooled and history.weight(0) == 2.0
+    assert int(history.rounds.is_complete.sum()) == int(engine.round)
+    assert history.rounds.round[0] == 1 and history.rounds.is_warmup.sum() == 10  # (200 - 100) / 10
+    # The arms tried, as (eps, L), and their visits are the engine's buffer ...
+    occupied = np.asarray(engine.buffer.count) > 0
+    visits = {}
+    for arm, count in zip(np.asarray(engine.buffer.arm)[occupied], np.asarray(engine.buffer.count)[occupied]):
+        eps, steps = arm_parameters(config, arm)
+        key = (round(eps, 4), steps)
+        visits[key] = visits.get(key, 0) + count / 2
+    rebuilt = {(round(e, 4), int(s)): int(n) for e, s, n in
+               zip(history.arms.step_size, history.arms.num_steps, history.arms.num_rounds) if n > 0}
+    assert rebuilt == visits
+    # ... and the replay is the engine's tuner, grid arm by grid arm.
+    assert_matches_engine(replay(history)[1], engine)
+
+
+def test_config_from_the_datatree_attribute(numpyro_run):
+    mcmc, tree = numpyro_run
+    config = config_from_numpyro(mcmc)
+    tree.attrs["ahmc_config"] = config.to_json()
+    history = history_from_datatree(tree)
+    assert history.config == TuningConfig.parse(config.to_json())
+    np.testing.assert_allclose(rebuild_surrogate(history).mean, rebuild_surrogate(history, config).mean)
+
+
+def test_missing_warmup_group_is_reported(numpyro_run):
+    mcmc, _ = numpyro_run
+    history = history_from_datatree(arviz_base.from_numpyro(mcmc), config=config_from_numpyro(mcmc))
+    assert history.rounds.round[0] > 1 and not history.warmup_known
+    assert any("not in the stats" in w for w in tuning_warnings(history))
+
+
+def test_blackjax_bad_box_replays_exactly_and_warns():
+    pytest.importorskip("blackjax")
+    from ahmc.adapters.blackjax import gpucb_adaptation
+
+    options = {"step_size_bounds": (1e-3, 1e-2), "num_steps_bounds": (1, 4), "round_length": 5}
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0])) ** 2)
+
+    (_, parameters), info = gpucb_adaptation(logdensity, **options).run(jax.random.key(1), jnp.ones((2, 2)), 200)
+    history = history_from_blackjax(info, **options)
+    assert_matches_engine(replay(history)[1], info.tuner_state)
+    assert history.chosen_step_size[0] == pytest.approx(float(parameters["step_size"]), rel=1e-5)
+    assert history.chosen_num_steps[0] == int(parameters["num_integration_steps"])
+    text = tuning_summary(history)
+    assert "WARNING: tuning probably failed" in text and "upper step-size edge" in text
+    assert "Widen the box" in text
+
+
+def pymc_like_datatree(stats, *, attrs=None, box=None):
+    """A DataTree shaped like PyMC's with `discard_tuned_samples=False` (no PyMC needed)."""
+    tune = stats["tune"][0]
+
+    def dataset(select):
+        variables = {name: (("chain", "draw"), value[:, select]) for name, value in stats.items()}
+        shape = stats["reward"][:, select].shape + (2,)
+        for name, pair in (box or {}).items():
+            variables[name] = (("chain", "draw", "bound"), np.broadcast_to(pair, shape))
+        return xr.Dataset(variables)
+
+    tree = xr.DataTree.from_dict({"sample_stats": dataset(~tune), "warmup_sample_stats": dataset(tune)})
+    tree.attrs.update(attrs or {})
+    return tree
+
+
+def test_pymc_named_datatree_equals_the_tuners_record():
+    stats, _, (expected,), config = simulate(seed=4)
+    history = history_from_datatree(pymc_like_datatree(stats, attrs={"ahmc_config": config.to_json()}))
+    assert history.warmup_known and history.rounds.is_warmup.sum() == 25
+    assert_same_tuner(replay(history)[1], expected)
+    # the box as per-draw stats (one per chain), the other settings from the attribute
+    static = config._replace(step_size=None, num_steps=None).to_json()
+    tree = pymc_like_datatree(stats, attrs={"ahmc_config": static},
+                              box={"step_size_bounds": config.step_size, "num_steps_bounds": config.num_steps})
+    assert_same_tuner(replay(history_from_datatree(tree))[1], expected)
+
+
+def test_pymc_history_equals_the_step_record():
+    pm = pytest.importorskip("pymc")
+    try:
+        from ahmc.adapters.pymc import AdaptiveHMC as PyMCAdaptiveHMC
+    except ImportError as error:  # the adapter is optional; its framework may be missing
+        pytest.skip(f"ahmc.adapters.pymc unavailable: {error}")
+    with pm.Model():
+        pm.Normal("x", 0.0, 1.0, shape=2)
+        step = PyMCAdaptiveHMC()
+        tree = pm.sample(tune=300, draws=100, chains=2, cores=1, step=step, random_seed=1, progressbar=False,
+                         discard_tuned_samples=False, compute_convergence_checks=False)
+    history = history_from_datatree(tree)  # the box comes from the per-draw stats, one per chain
+    assert not history.pooled and history.num_tuners == 2 and history.warmup_known
+    assert np.shape(history.config.step_size) == (2, 2)
+    final = getattr(step, "_tuner_state", None)  # chains ran in turn on this step: it holds the last one's
+    if final is None:
+        pytest.skip("the PyMC step keeps no final tuner state to compare with")
+    assert_same_tuner(replay(history, tuner=1)[1], final)
+
+
+def test_plots_render_headless(numpyro_run):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ahmc.adapters import plots
+
+    mcmc, tree = numpyro_run
+    history = history_from_datatree(tree, config=config_from_numpyro(mcmc))
+
+    def png(figure):
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=50)
+        plt.close(figure)
+        return buffer.getvalue()
+
+    ax = plots.plot_reward_surface(history)
+    assert ax.get_xscale() == "log" and png(ax.figure).startswith(b"\x89PNG")
+    top, bottom = plots.plot_surrogate_slice(history, along="num_steps")
+    assert png(top.figure).startswith(b"\x89PNG")
+    assert png(plots.plot_reward_surface(rebuild_surrogate(history)).figure).startswith(b"\x89PNG")
+    axes = plots.plot_arm_trace(history)
+    assert len(axes) == 2 and png(axes[0].figure).startswith(b"\x89PNG")
+    assert png(plots.plot_adapt_probability(history).figure).startswith(b"\x89PNG")
+    assert png(plots.plot_tuning(history)).startswith(b"\x89PNG")
+    assert png(plots.plot_tuning(history._replace(config=None))).startswith(b"\x89PNG")  # says: no box
+
+
+def test_plots_without_matplotlib_name_the_extra():
+    code = textwrap.dedent(
+        """
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "matplotlib":
+                    raise ImportError(f"No module named {name!r} (blocked by test)")
+        sys.meta_path.insert(0, Block())
+        import ahmc.adapters.diagnostics  # import-light: fine without matplotlib and without JAX
+        assert "jax" not in sys.modules and "matplotlib" not in sys.modules
+        import ahmc.adapters.plots
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr and "ahmc[plot]" in result.stderr

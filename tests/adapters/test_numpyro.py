@@ -1,0 +1,168 @@
+"""The NumPyro kernel: drop-in use, correctness against posteriordb, plumbing."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+numpyro = pytest.importorskip("numpyro")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpyro.distributions as dist  # noqa: E402
+from numpyro.infer import MCMC  # noqa: E402
+
+from ahmc.adapters.numpyro import AdaptiveHMC  # noqa: E402
+
+from ..reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
+from .numpyro_models import MODELS, as_numpy  # noqa: E402
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def normal_model(y=None, scale=1.0):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
+    numpyro.deterministic("mu_times_two", 2 * mu)
+    numpyro.sample("y", dist.Normal(mu, sigma * scale), obs=y)
+
+
+DATA = np.random.default_rng(0).normal(1.0, 2.0, size=40)
+
+
+def run(kernel, *args, num_chains=4, chain_method="vectorized", seed=0, warmup=300, samples=300, **kwargs):
+    mcmc = MCMC(kernel, num_warmup=warmup, num_samples=samples, num_chains=num_chains,
+                chain_method=chain_method, progress_bar=False)
+    mcmc.run(jax.random.key(seed), *args, **kwargs)
+    return mcmc
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_posteriordb_reference_means(name, x64):
+    reference = load_reference(name)
+    mcmc = run(AdaptiveHMC(MODELS[name](reference["data"])), seed=1, warmup=1000, samples=1000)
+    draws = as_numpy(mcmc.get_samples(group_by_chain=True))
+    assert_reference_match(draws, name)
+    # exploration arms may diverge now and then; the draws above are still right
+    assert float(np.mean(mcmc.get_extra_fields()["diverging"])) < 0.02
+
+
+@pytest.mark.parametrize("chain_method", ["sequential", "vectorized"])
+def test_chain_methods_agree_with_the_truth(chain_method, x64):
+    """A 5-d Gaussian with very different scales, via potential_fn, for each chain method."""
+    scales = jnp.array([0.01, 0.3, 1.0, 5.0, 100.0])
+
+    def potential(z):
+        return 0.5 * jnp.sum((z / scales) ** 2)
+
+    init = jnp.tile(scales * 0.5, (4, 1))
+    mcmc = run(AdaptiveHMC(potential_fn=potential), chain_method=chain_method, seed=3,
+               warmup=1000, samples=1000, init_params=init)
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True))
+    assert_moments_match(draws, np.zeros(5), np.asarray(scales))
+
+
+def test_parallel_chain_method_on_two_devices():
+    code = textwrap.dedent(
+        """
+        import numpyro; numpyro.set_host_device_count(2)
+        import jax, numpy as np, numpyro.distributions as dist
+        from numpyro.infer import MCMC
+        from ahmc.adapters.numpyro import AdaptiveHMC
+        assert jax.local_device_count() == 2
+        def model():
+            numpyro.sample("x", dist.Normal(3.0, 2.0))
+        mcmc = MCMC(AdaptiveHMC(model), num_warmup=300, num_samples=500, num_chains=2,
+                    chain_method="parallel", progress_bar=False)
+        mcmc.run(jax.random.key(0))
+        x = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
+        assert x.shape == (2, 500), x.shape
+        assert abs(x.mean() - 3.0) < 0.5 and abs(x.std() - 2.0) < 0.5, (x.mean(), x.std())
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ok" in result.stdout
+
+
+def test_same_key_same_draws_and_different_key_different_draws():
+    a = run(AdaptiveHMC(normal_model), DATA, seed=5, warmup=100, samples=50).get_samples()["mu"]
+    b = run(AdaptiveHMC(normal_model), DATA, seed=5, warmup=100, samples=50).get_samples()["mu"]
+    c = run(AdaptiveHMC(normal_model), DATA, seed=6, warmup=100, samples=50).get_samples()["mu"]
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(c))
+
+
+@pytest.mark.parametrize("chain_method", ["sequential", "vectorized"])
+def test_continuation_carries_the_tuner_over(chain_method):
+    mcmc = run(AdaptiveHMC(normal_model), DATA, num_chains=2, chain_method=chain_method, warmup=200, samples=100)
+    rounds_first = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["tuning_round"])
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.post_warmup_state.rng_key, DATA)
+    rounds_second = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["tuning_round"])
+    assert rounds_second.shape == (2, 100)
+    # the round counter keeps going: the tuner state was not reset
+    assert rounds_second.min() >= rounds_first.max()
+    assert np.asarray(mcmc.get_samples(group_by_chain=True)["mu"]).shape == (2, 100)
+
+
+def test_model_args_kwargs_deterministic_sites_and_jit_model_args():
+    mcmc = MCMC(AdaptiveHMC(normal_model), num_warmup=200, num_samples=200, progress_bar=False, jit_model_args=True)
+    mcmc.run(jax.random.key(0), DATA, scale=1.0)
+    first = mcmc.get_samples()
+    np.testing.assert_allclose(first["mu_times_two"], 2 * first["mu"], rtol=1e-6)
+    assert float(jnp.min(first["sigma"])) > 0  # constrained site comes back constrained
+    mcmc.run(jax.random.key(0), DATA + 10.0, scale=1.0)  # new data, same compiled kernel
+    assert float(jnp.mean(mcmc.get_samples()["mu"])) > 8.0
+
+
+def test_stats_summary_and_arviz_datatree(capsys):
+    mcmc = run(AdaptiveHMC(normal_model), DATA, num_chains=2, warmup=200, samples=100)
+    fields = mcmc.get_extra_fields(group_by_chain=True)
+    for name in ["diverging", "step_size", "max_steps", "num_steps", "accept_prob", "reward", "tuning_round",
+                 "arm_changed", "adapt_probability", "potential_energy", "energy"]:
+        assert np.asarray(fields[name]).shape == (2, 100), name
+    assert np.all(np.asarray(fields["num_steps"]) <= np.asarray(fields["max_steps"]))
+    assert np.all(np.asarray(fields["num_steps"]) >= 1)
+    mcmc.print_summary()
+    assert "Number of divergences" in capsys.readouterr().out
+
+    arviz_base = pytest.importorskip("arviz_base")
+    tree = arviz_base.from_numpyro(mcmc)
+    assert {"posterior", "sample_stats"} <= set(tree.children)
+    stats = tree["sample_stats"]
+    for name in ["step_size", "max_steps", "reward", "tuning_round", "diverging", "acceptance_rate"]:
+        assert name in stats.data_vars, name
+    assert tree["posterior"]["mu"].shape == (2, 100)
+
+
+def test_diagnostics_string():
+    kernel = AdaptiveHMC(normal_model)
+    mcmc = run(kernel, DATA, num_chains=1, warmup=50, samples=10)
+    text = kernel.get_diagnostics_str(mcmc.last_state)
+    assert "steps of size" in text and "L=" in text and "acc. prob" in text
+
+
+def test_discrete_latent_site_gets_a_clear_error():
+    def model():
+        numpyro.sample("k", dist.Poisson(3.0))
+        numpyro.sample("x", dist.Normal(0.0, 1.0))
+
+    with pytest.raises((ValueError, ImportError), match="discrete|funsor"):
+        run(AdaptiveHMC(model), num_chains=1, warmup=10, samples=10)
+
+
+def test_non_finite_initial_density_and_bad_knobs_raise():
+    with pytest.raises(ValueError, match="not finite"):
+        run(AdaptiveHMC(potential_fn=lambda z: jnp.sum(z) * jnp.inf), num_chains=1, warmup=10, samples=10,
+            init_params=jnp.zeros(2))
+    with pytest.raises(ValueError, match="exactly one"):
+        AdaptiveHMC()
+    with pytest.raises(ValueError, match="step_size bounds are reversed"):
+        AdaptiveHMC(normal_model, step_size_bounds=(1.0, 0.1), num_steps_bounds=(1, 10))

@@ -1,0 +1,228 @@
+"""Tuning diagnostics from per-draw stats alone, checked against a simulated run of the core tuner."""
+
+import numpy as np
+import pytest
+
+from ahmc.core import gp_ucb, search_space
+from ahmc.core.diagnostics import (
+    TuningConfig,
+    rebuild_surrogate,
+    replay,
+    tuning_history,
+    tuning_summary,
+    tuning_warnings,
+)
+
+
+def bump(step_size, num_steps, best=(0.3, 15)):
+    """A smooth reward with its maximum at ``best`` (in log step size and L)."""
+    return np.exp(-0.5 * (np.log(step_size / best[0]) / 0.5) ** 2 - 0.5 * ((num_steps - best[1]) / 8.0) ** 2)
+
+
+def simulate(*, step_size=(0.05, 1.0), num_steps=(1, 40), num_num_steps=None, reward=bump, num_rounds=40,
+             warmup_rounds=25, round_length=5, num_chains=2, metric=6, pooled=True, seed=0, capacity=32,
+             acceptance=lambda eps: np.clip(1.1 - eps, 0.05, 1.0), divergence=lambda eps: 0.0):
+    """Drive the core tuner the way an adapter does; return PyMC-named per-draw stats and the tuners.
+
+    ``num_num_steps`` gives a grid of that many columns mapped onto the ``L`` box
+    (``L = round(lo + u (hi - lo))``), as the JAX engine's automatic box does.
+    """
+    rng = np.random.default_rng(seed)
+    lo, hi = num_steps
+    columns = num_num_steps or hi - lo + 1
+    space = search_space(step_size, (1, columns), num_step_sizes=50)
+    tuner = gp_ucb(space, k=warmup_rounds, capacity=capacity)
+    steps_of = np.maximum(np.round(lo + space.num_steps_unit * (hi - lo)), 1).astype(int)
+    num_tuners = 1 if pooled else num_chains
+    states = [tuner.init() for _ in range(num_tuners)]
+    draws = metric + num_rounds * round_length
+    shape = (num_chains, draws)
+    stats = {
+        "step_size": np.full(shape, 0.2), "max_steps": np.full(shape, 10), "n_steps": np.full(shape, 5),
+        "accept": np.full(shape, 0.8), "diverging": np.zeros(shape, bool), "reward": np.full(shape, np.nan),
+        "tuning_round": np.zeros(shape, int), "arm_changed": np.zeros(shape, bool),
+        "adapt_probability": np.ones(shape), "tune": np.zeros(shape, bool),
+    }
+    stats["tune"][:, : metric + warmup_rounds * round_length] = True
+    probability = np.ones(num_tuners)
+    for i in range(1, num_rounds + 1):
+        draws_i = slice(metric + (i - 1) * round_length, metric + i * round_length)
+        rewards = []
+        for c in range(num_chains):
+            t = 0 if pooled else c
+            arm = int(states[t].arm)
+            eps, steps = space.step_sizes[arm // columns], steps_of[arm % columns]
+            stats["step_size"][c, draws_i], stats["max_steps"][c, draws_i] = eps, steps
+            stats["tuning_round"][c, draws_i] = i
+            stats["n_steps"][c, draws_i] = rng.integers(1, steps + 1, round_length)
+            stats["accept"][c, draws_i] = acceptance(eps)
+            stats["diverging"][c, draws_i] = rng.uniform(size=round_length) < divergence(eps)
+            stats["adapt_probability"][c, draws_i] = probability[t]
+            rewards.append(reward(eps, steps) * (1 + 0.1 * rng.normal()))
+        for t in range(num_tuners):
+            chains = list(range(num_chains)) if pooled else [t]
+            mean = float(np.mean([rewards[c] for c in chains]))
+            states[t], info = tuner.update(states[t], mean, rng.uniform(), float(len(chains)))
+            probability[t] = float(info.adapt_probability)
+            stats["reward"][chains, draws_i.stop - 1] = mean
+            stats["arm_changed"][chains, draws_i.stop - 1] = bool(info.arm_changed)
+            stats["adapt_probability"][chains, draws_i.stop - 1] = probability[t]
+    config = TuningConfig(step_size=step_size, num_steps=num_steps, num_step_sizes=50,
+                          num_num_steps=num_num_steps, initial_arm=space.center_arm(), capacity=capacity)
+    return stats, tuner, states, config
+
+
+def assert_same_tuner(state, expected):
+    for name in ("arm", "last_round"):
+        np.testing.assert_array_equal(getattr(state.buffer, name), getattr(expected.buffer, name))
+    np.testing.assert_array_equal(state.buffer.count, expected.buffer.count)
+    np.testing.assert_allclose(state.buffer.mean_reward, expected.buffer.mean_reward, rtol=1e-12)
+    np.testing.assert_allclose(state.grid_variance, expected.grid_variance, rtol=1e-10, atol=1e-12)
+    assert int(state.round) == int(expected.round)
+    assert float(state.scale) == pytest.approx(float(expected.scale), rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def run():
+    return simulate()
+
+
+def test_history_equals_the_tuners_record(run):
+    stats, tuner, (expected,), config = run
+    history = tuning_history(stats, config=config)
+    rounds = history.rounds
+    assert history.pooled and history.num_tuners == 1 and history.weight(0) == 2.0
+    np.testing.assert_array_equal(rounds.round, np.arange(1, 41))
+    assert rounds.is_complete.all() and rounds.is_warmup.sum() == 25
+    np.testing.assert_array_equal(rounds.num_iterations, 5)
+    np.testing.assert_array_equal(rounds.reward, stats["reward"][0, np.isfinite(stats["reward"][0])])
+    core, state = replay(history)
+    assert_same_tuner(state, expected)
+    surrogate, own = rebuild_surrogate(history), tuner.surrogate(expected)
+    for name in ("mean", "sd", "acquisition"):
+        np.testing.assert_allclose(getattr(surrogate, name), getattr(own, name), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(surrogate.step_sizes, tuner.space.step_sizes)
+    np.testing.assert_array_equal(surrogate.num_steps, np.arange(1, 41))
+
+
+def test_arm_table_and_chosen_arm(run):
+    stats, tuner, (expected,), config = run
+    history = tuning_history(stats, config=config)
+    arms = history.arms
+    assert arms.share.sum() == pytest.approx(1.0)
+    assert arms.num_iterations.sum() == 40 * 5
+    # one row per distinct arm, visited as often as the buffer counts (weight 2: two pooled chains)
+    counts = np.sort(expected.buffer.count[expected.buffer.count > 0]) / 2
+    np.testing.assert_array_equal(np.sort(arms.num_rounds), counts)
+    assert history.chosen_step_size[0] == stats["step_size"][0, -1]
+    assert history.chosen_num_steps[0] == stats["max_steps"][0, -1]
+    top = np.argmax(arms.share)
+    assert arms.acceptance[top] == pytest.approx(np.clip(1.1 - arms.step_size[top], 0.05, 1.0))
+
+
+def test_repeated_L_columns_resolved_like_the_tuner():
+    """A grid with more L columns than integers in the box (the automatic box): replay is still exact."""
+    stats, tuner, (expected,), config = simulate(num_steps=(1, 6), num_num_steps=32, seed=3,
+                                                 reward=lambda e, s: bump(e, s, best=(0.3, 3)))
+    _, state = replay(tuning_history(stats, config=config))
+    assert_same_tuner(state, expected)
+
+
+def test_a_full_buffer_evicts_the_same_arms_on_replay():
+    stats, tuner, (expected,), config = simulate(capacity=8, seed=2)
+    assert int(np.sum(expected.buffer.count > 0)) == 8
+    _, state = replay(tuning_history(stats, config=config))
+    assert_same_tuner(state, expected)
+
+
+def test_independent_chains_get_one_history_each():
+    stats, tuner, states, config = simulate(pooled=False, num_chains=3, num_rounds=25, seed=1)
+    history = tuning_history(stats, config=config)
+    assert not history.pooled and history.tuner_chains == ((0,), (1,), (2,))
+    for t, expected in enumerate(states):
+        assert_same_tuner(replay(history, tuner=t)[1], expected)
+    assert "one tuner per chain" in tuning_summary(history)
+
+
+def test_names_of_every_adapter(run):
+    stats, _, (expected,), config = run
+    engine = {"step_size": stats["step_size"], "num_steps": stats["max_steps"],
+              "num_integration_steps": stats["n_steps"], "acceptance_rate": stats["accept"],
+              "is_divergent": stats["diverging"], "reward": stats["reward"], "round": stats["tuning_round"],
+              "arm_changed": stats["arm_changed"], "adapt_probability": stats["adapt_probability"],
+              "is_warmup": stats["tune"]}
+    numpyro = {**{k: v for k, v in stats.items() if k not in ("n_steps", "accept")},
+               "num_steps": stats["n_steps"], "accept_prob": stats["accept"]}
+    reference = tuning_history(stats, config=config)
+    for source in (engine, numpyro):
+        history = tuning_history(source, config=config)
+        for a, b in zip(history.rounds, reference.rounds):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(history.trace.num_integration_steps, stats["n_steps"])
+    ambiguous = {"step_size": stats["step_size"], "num_steps": stats["max_steps"], "reward": stats["reward"],
+                 "tuning_round": stats["tuning_round"]}
+    with pytest.raises(ValueError, match="names="):
+        tuning_history(ambiguous)
+    history = tuning_history(ambiguous, names={"num_steps": "num_steps"})
+    np.testing.assert_array_equal(history.rounds.num_steps, reference.rounds.num_steps)
+    with pytest.raises(ValueError, match="unknown fields"):
+        tuning_history(stats, names={"L": "max_steps"})
+
+
+def test_one_chain_and_an_unfinished_last_round(run):
+    stats, *_ = run
+    cut = {name: value[0, :-2] for name, value in stats.items()}  # (draws,), last round 3 of 5 draws
+    history = tuning_history(cut)
+    assert history.trace.step_size.shape == (1, 204)
+    assert not history.rounds.is_complete[-1] and np.isnan(history.rounds.reward[-1])
+    assert history.rounds.is_complete[:-1].all()
+
+
+def test_summary_reports_the_choice_and_stays_quiet_on_a_good_box(run):
+    stats, _, _, config = run
+    history = tuning_history(stats, config=config)
+    text = tuning_summary(history)
+    assert f"chosen arm: step_size = {stats['step_size'][0, -1]:.3g}, L = {stats['max_steps'][0, -1]}" in text
+    assert f"distinct arms: {len(history.arms.share)}" in text
+    assert "search box: step_size 0.05..1, L 1..40" in text
+    assert "sampling: acceptance" in text and "divergences 0 of" in text
+    assert tuning_warnings(history) == []
+    assert "No sign that tuning failed." in text
+
+
+def test_warning_fires_when_the_optimum_is_outside_the_box():
+    stats, *_, config = simulate(step_size=(0.01, 0.08), num_steps=(1, 8))  # optimum at (0.3, 15)
+    text = tuning_summary(tuning_history(stats, config=config))
+    assert "WARNING: tuning probably failed" in text
+    assert "upper step-size edge" in text and "upper L edge" in text and "Widen the box" in text
+
+
+def test_acceptance_and_divergence_warnings():
+    stats, *_, config = simulate(acceptance=lambda eps: 0.1, divergence=lambda eps: 0.2)
+    warnings = tuning_warnings(tuning_history(stats, config=config))
+    assert any("near 0" in w and "Lower the step-size box" in w for w in warnings)
+    assert any("diverged" in w for w in warnings)
+    stats, *_, config = simulate(acceptance=lambda eps: 0.999)
+    assert any("near 1" in w for w in tuning_warnings(tuning_history(stats, config=config)))
+
+
+def test_too_little_warm_up_and_missing_warm_up_are_reported(run):
+    stats, *_, config = simulate(warmup_rounds=4, num_rounds=20)
+    assert any("only 4 GP rounds in warm-up" in w for w in tuning_warnings(tuning_history(stats, config=config)))
+    stats, *_, config = run
+    later = {name: value[:, 6 + 30 * 5:] for name, value in stats.items()}
+    history = tuning_history(later, config=config)
+    assert history.rounds.round[0] == 31
+    assert any("rounds 1-30 are not in the stats" in w for w in tuning_warnings(history))
+
+
+def test_config_round_trips_through_json_and_is_needed_for_the_surrogate(run):
+    stats, _, (expected,), config = run
+    assert TuningConfig.parse(config.to_json()) == config._replace(step_size=[0.05, 1.0], num_steps=[1, 40])
+    history = tuning_history(stats)
+    with pytest.raises(ValueError, match="ahmc_config"):
+        rebuild_surrogate(history)
+    assert_same_tuner(replay(history, config.to_json())[1], expected)
+    assert "No sign" in tuning_summary(history)  # no box: no edge check, the rest still runs
+    with pytest.raises(ValueError, match="schedule"):
+        TuningConfig.parse({"step_size": (0.1, 1), "num_steps": (1, 5), "schedule": "linear"})
