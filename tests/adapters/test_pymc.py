@@ -1,0 +1,239 @@
+"""AdaptiveHMC as a PyMC step method: correctness, plumbing, stats and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+
+from pymc.exceptions import SamplingError  # noqa: E402
+
+from ahmc.adapters.pymc import STATS, AdaptiveHMC  # noqa: E402
+from tests.reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
+
+SCALES = np.array([1.0, 10.0, 0.1, 5.0, 2.0, 0.5])
+
+
+def gaussian_model():
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, SCALES, shape=len(SCALES))
+    return model
+
+
+def reference_model(name):
+    """PyMC versions of the posteriordb Stan programs (same priors and constraints)."""
+    data = load_reference(name)["data"]
+    with pm.Model() as model:
+        if name == "eight_schools-eight_schools_noncentered":
+            theta_trans = pm.Normal("theta_trans", 0, 1, shape=data["J"])
+            mu = pm.Normal("mu", 0, 5)
+            tau = pm.HalfCauchy("tau", 5)
+            pm.Deterministic("theta", theta_trans * tau + mu)
+            pm.Normal("y", theta_trans * tau + mu, data["sigma"], observed=data["y"])
+        elif name == "kidiq-kidscore_momiq":
+            beta = pm.Flat("beta", shape=2)
+            sigma = pm.HalfCauchy("sigma", 2.5)
+            pm.Normal("kid_score", beta[0] + beta[1] * data["mom_iq"], sigma, observed=data["kid_score"])
+        elif name == "sblrc-blr":
+            beta = pm.Normal("beta", 0, 10, shape=data["D"])
+            sigma = pm.HalfNormal("sigma", 10)
+            pm.Normal("y", pm.math.dot(np.asarray(data["X"], dtype=float), beta), sigma, observed=data["y"])
+        elif name == "low_dim_gauss_mix-low_dim_gauss_mix":
+            mu = pm.Normal("mu", 0, 2, shape=2, transform=pm.distributions.transforms.ordered,
+                           initval=np.array([-1.0, 1.0]))
+            sigma = pm.HalfNormal("sigma", 2, shape=2)
+            theta = pm.Beta("theta", 5, 5)
+            pm.NormalMixture("y", w=pm.math.stack([theta, 1 - theta]), mu=mu, sigma=sigma, observed=data["y"])
+    return model
+
+
+def sample(model, *, step_kwargs=None, **kwargs):
+    options = dict(tune=300, draws=300, chains=2, cores=1, random_seed=1, progressbar=False,
+                   compute_convergence_checks=False)
+    options.update(kwargs)
+    with model:
+        return pm.sample(step=AdaptiveHMC(**(step_kwargs or {})), **options)
+
+
+# ---- correctness ---------------------------------------------------------------------------
+
+# Four chains: with two chains of 1000 draws, split R-hat < 1.01 fails about once in ten
+# seeds on the second moment (its ESS is ~500: short antithetic trajectories), not on bias.
+CORRECTNESS = dict(tune=1000, draws=1000, chains=4, cores=2)
+
+
+def test_gaussian_moments():
+    idata = sample(gaussian_model(), random_seed=11, **CORRECTNESS)
+    assert_moments_match(idata.posterior["x"].values, np.zeros(len(SCALES)), SCALES)
+
+
+@pytest.mark.parametrize("name", [
+    "eight_schools-eight_schools_noncentered",
+    "kidiq-kidscore_momiq",
+    "sblrc-blr",
+    "low_dim_gauss_mix-low_dim_gauss_mix",
+])
+def test_posteriordb_reference(name):
+    ref = load_reference(name)
+    idata = sample(reference_model(name), random_seed=3, **CORRECTNESS)
+    assert_reference_match({v: idata.posterior[v].values for v in ref["dimensions"]}, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10))
+def test_gaussian_moments_many_seeds(seed):
+    idata = sample(gaussian_model(), random_seed=100 + seed, **{**CORRECTNESS, "draws": 2000})
+    assert_moments_match(idata.posterior["x"].values, np.zeros(len(SCALES)), SCALES)
+
+
+# ---- plumbing ------------------------------------------------------------------------------
+
+def test_multiprocessing_chains():
+    idata = sample(gaussian_model(), tune=200, draws=100, chains=2, cores=2)
+    x = idata.posterior["x"].values
+    assert x.shape == (2, 100, len(SCALES)) and np.all(np.isfinite(x))
+    assert not np.array_equal(x[0], x[1])
+    assert (idata.sample_stats["tuning_round"].values > 0).all()
+
+
+def test_random_seed_reproduces_draws():
+    first = sample(gaussian_model(), tune=100, draws=100, random_seed=5)
+    second = sample(gaussian_model(), tune=100, draws=100, random_seed=5)
+    other = sample(gaussian_model(), tune=100, draws=100, random_seed=6)
+    np.testing.assert_array_equal(first.posterior["x"].values, second.posterior["x"].values)
+    np.testing.assert_array_equal(first.sample_stats["reward"].values, second.sample_stats["reward"].values)
+    assert not np.array_equal(first.posterior["x"].values, other.posterior["x"].values)
+
+
+def test_compound_step_with_discrete_variable():
+    with pm.Model() as model:
+        x = pm.Normal("x", 0, 1, shape=2)
+        k = pm.Bernoulli("k", 0.3)
+        pm.Normal("y", x.sum() + k, 1, observed=[0.5, 1.5])
+        idata = pm.sample(step=[AdaptiveHMC(vars=[x]), pm.Metropolis(vars=[k])], tune=200, draws=200, chains=2,
+                          cores=1, random_seed=2, progressbar=False, compute_convergence_checks=False)
+    assert idata.posterior["k"].values.dtype.kind == "i"
+    assert set(np.unique(idata.posterior["k"].values)) <= {0, 1}
+    assert "reward" in idata.sample_stats and "max_steps" in idata.sample_stats
+
+
+def test_each_chain_gets_a_fresh_tuner_and_state_round_trips():
+    model = gaussian_model()
+    with model:
+        step = AdaptiveHMC(round_length=5)
+    point = model.initial_point()
+    step.setup_chain(np.random.default_rng(0), tune=40, draws=20)
+    for _ in range(30):  # past warm-up, into the GP rounds
+        point, _ = step.step(point)
+    saved, saved_point = step.sampling_state, point
+    run = []
+    for _ in range(15):
+        point, stats = step.step(point)
+        run.append((point["x"].copy(), stats[0]["reward"], stats[0]["step_size"]))
+    step.sampling_state = saved
+    point = saved_point
+    for expected in run:
+        point, stats = step.step(point)
+        np.testing.assert_array_equal(point["x"], expected[0])
+        np.testing.assert_equal((stats[0]["reward"], stats[0]["step_size"]), expected[1:])
+    step.setup_chain(np.random.default_rng(1), tune=40, draws=20)  # the next chain starts afresh
+    assert step._tuner_state is None and step._chain_iteration == 0
+
+
+def test_interrupt_keeps_draws():
+    def stop(trace, draw):
+        if draw.draw_idx == 150:
+            raise KeyboardInterrupt
+
+    idata = sample(gaussian_model(), tune=100, draws=200, chains=1, callback=stop)
+    assert 0 < idata.posterior.sizes["draw"] < 200
+
+
+# ---- stats ---------------------------------------------------------------------------------
+
+def test_stats_declared_and_tuning_history_rebuilds():
+    round_length, tune = 10, 300
+    idata = sample(gaussian_model(), tune=tune, draws=200, discard_tuned_samples=False,
+                   step_kwargs=dict(round_length=round_length))
+    stats = idata.sample_stats
+    for name, dtype, shape, _ in STATS:
+        if name == "warning":
+            continue
+        name = {"model_logp": "lp"}.get(name, name)  # PyMC's DataTree renames it
+        assert name in stats, name
+        assert stats[name].dtype == np.dtype(dtype), name
+    warm = idata.warmup_sample_stats
+    tuning_round = np.concatenate([warm["tuning_round"].values, stats["tuning_round"].values], axis=1)
+    reward = np.concatenate([warm["reward"].values, stats["reward"].values], axis=1)
+    step_size = np.concatenate([warm["step_size"].values, stats["step_size"].values], axis=1)
+    max_steps = np.concatenate([warm["max_steps"].values, stats["max_steps"].values], axis=1)
+    changed = np.concatenate([warm["arm_changed"].values, stats["arm_changed"].values], axis=1)
+    for chain in range(2):
+        rounds = tuning_round[chain]
+        num_warmup = int((rounds == 0).sum())
+        assert num_warmup == 150  # 0.5 * 300, rounded so that the rounds end with tune
+        ends = np.flatnonzero(np.isfinite(reward[chain]))
+        np.testing.assert_array_equal(ends, np.arange(num_warmup + round_length - 1, 500, round_length))
+        np.testing.assert_array_equal(rounds[num_warmup:], 1 + np.arange(500 - num_warmup) // round_length)
+        # The arm only moves after a round's last iteration, and arm_changed says when.
+        arm = step_size[chain, num_warmup:], max_steps[chain, num_warmup:]
+        moves = np.flatnonzero((np.diff(arm[0]) != 0) | (np.diff(arm[1]) != 0)) + num_warmup
+        assert set(moves) <= set(ends) and set(moves) == set(np.flatnonzero(changed[chain]))
+    p_tune = warm["adapt_probability"].values[:, 150:]
+    assert np.all(p_tune == 1.0) and np.all(stats["adapt_probability"].values[:, 10:] < 1.0)
+    assert np.isnan(warm["adapt_probability"].values[:, :150]).all()
+    box = stats["step_size_min"].values, stats["step_size_max"].values
+    assert np.all(box[0] <= stats["step_size"].values)
+    assert np.all(stats["step_size"].values <= box[1])
+    assert np.all((1 <= stats["n_steps"].values) & (stats["n_steps"].values <= stats["max_steps"].values))
+
+
+def test_freeze_after_tune_keeps_the_arm_during_draws():
+    idata = sample(gaussian_model(), tune=200, draws=200, step_kwargs=dict(freeze_after="tune"))
+    stats = idata.sample_stats
+    for name in ("step_size", "max_steps"):
+        assert (stats[name].values == stats[name].values[:, :1]).all()
+    assert not stats["arm_changed"].values.any()
+    assert (stats["adapt_probability"].values == 0).all()
+
+
+def test_paper_preset_fixed_box_and_metric():
+    idata = sample(gaussian_model(), tune=200, draws=100, chains=1,
+                   step_kwargs=dict(step_size_bounds=(0.01, 0.5), num_steps_bounds=(1, 30),
+                                    adapt_mass_matrix=False), discard_tuned_samples=False)
+    warm = idata.warmup_sample_stats
+    assert (warm["tuning_round"].values > 0).all()  # no warm-up phase: GP rounds from the first iteration
+    assert (warm["step_size_min"].values == 0.01).all() and (warm["max_steps_max"].values == 30).all()
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+def test_discrete_variable_is_refused_with_a_hint():
+    with pm.Model():
+        pm.Normal("x", 0, 1)
+        k = pm.Poisson("k", 3)
+        with pytest.raises(ValueError, match=r"discrete.*\['k'\].*Metropolis"):
+            AdaptiveHMC(vars=[k])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(step_size_bounds=(0.5, 0.1)), "reversed"),
+    (dict(num_steps_bounds=(20, 2)), "reversed"),
+    (dict(objective="bogus"), "objective"),
+    (dict(schedule="linear"), "schedule"),
+    (dict(round_length=0), "round_length"),
+    (dict(freeze_after="never"), "freeze_after"),
+    (dict(lengthscale=-1.0), "lengthscale"),
+])
+def test_bad_options_raise_before_sampling(kwargs, match):
+    with gaussian_model(), pytest.raises(ValueError, match=match):
+        AdaptiveHMC(**kwargs)
+
+
+def test_non_finite_initial_density_raises_sampling_error():
+    with pm.Model() as model:
+        x = pm.Normal("x", 0, 1)
+        pm.Potential("bad", pm.math.switch(x > 0.5, -np.inf, 0.0))
+    with pytest.raises(SamplingError, match=r"model\.debug\(\)"):
+        sample(model, tune=10, draws=10, chains=1, initvals={"x": 1.0})
