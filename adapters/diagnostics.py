@@ -30,6 +30,8 @@ __all__ = ["history_from_datatree", "history_from_blackjax", "config_from_engine
 
 CONFIG_ATTR = "ahmc_config"
 BOX_STATS = {"step_size_bounds": "step_size", "num_steps_bounds": "num_steps"}  # last axis: (lo, hi)
+# Defaults shared by the adapters (ahmc.adapters._jax_engine.build_engine and ahmc.adapters.pymc.AdaptiveHMC).
+ADAPTER_DEFAULTS = {"num_step_sizes": 100, "capacity": 64}
 SCALAR_BOX_STATS = {"step_size": ("step_size_min", "step_size_max"), "num_steps": ("max_steps_min", "max_steps_max")}
 
 
@@ -73,7 +75,11 @@ def _with_box(config, stats: dict):
     for field, values in boxes.items():  # (chains, draws, 2): each chain's box at its last draw
         last = np.asarray(values)[:, -1, :].astype(float if field == "step_size" else int)
         box[field] = last[0].tolist() if np.all(last == last[0]) else last.tolist()
-    return base._replace(**box) if base is not None else TuningConfig(**box)
+    if base is not None:
+        return base._replace(**box)
+    # No recorded config: the adapters' shared defaults (the JAX engine's and the PyMC step's).
+    return TuningConfig(**box, num_step_sizes=ADAPTER_DEFAULTS["num_step_sizes"],
+                        capacity=ADAPTER_DEFAULTS["capacity"])
 
 
 def history_from_datatree(tree, *, config=None, names: Mapping | None = None) -> TuningHistory:
