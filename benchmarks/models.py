@@ -225,6 +225,7 @@ def stochastic_volatility(num_steps: int = 1000) -> Model:
     ``(phi + 1)/2 ~ Beta(20, 1.5)``, ``sigma^2 ~ scaled-inv-chi^2(10, 0.05)``,
     with the Jacobians of the transformations.
     """
+    import jax
     import jax.numpy as jnp
 
     y, _ = simulate_stochastic_volatility(num_steps)
@@ -234,17 +235,23 @@ def stochastic_volatility(num_steps: int = 1000) -> Model:
         x, log_beta, alpha, gamma = params[:num_steps], params[-3], params[-2], params[-1]
         data = jnp.asarray(y, params.dtype)
         phi, sigma = jnp.tanh(alpha), jnp.exp(gamma)
-        one_minus_phi2 = 1.0 - phi**2
+        # log(1 - phi^2) = 2 log sech(alpha), computed stably: the naive 1 - tanh(alpha)^2
+        # rounds to 0 for |alpha| > ~19 (float64), and a chain thrown there by an early
+        # trajectory from a far-off start stays stuck on the resulting plateaus.
+        abs_alpha = jnp.abs(alpha)
+        log_one_minus_phi2 = 2.0 * (jnp.log(2.0) - abs_alpha - jnp.log1p(jnp.exp(-2.0 * abs_alpha)))
+        one_minus_phi2 = jnp.exp(log_one_minus_phi2)
         # y_t ~ N(0, beta exp(x_t / 2))
         loglik = -jnp.sum(log_beta + 0.5 * x) - 0.5 * jnp.sum(data**2 * jnp.exp(-2.0 * log_beta - x))
         # AR(1) prior on the log-volatility
-        log_x1 = -0.5 * (x[0] ** 2) * one_minus_phi2 / sigma**2 - gamma + 0.5 * jnp.log(one_minus_phi2)
+        log_x1 = -0.5 * (x[0] ** 2) * one_minus_phi2 / sigma**2 - gamma + 0.5 * log_one_minus_phi2
         innovations = x[1:] - phi * x[:-1]
         log_ar = -0.5 * jnp.sum(innovations**2) / sigma**2 - (num_steps - 1) * gamma
         # priors and Jacobians: sigma^2 ~ scaled-inv-chi2 in gamma; (phi+1)/2 ~ Beta(20, 1.5) in alpha
         log_sigma = -nu * gamma - 0.5 * nu * s2 * jnp.exp(-2.0 * gamma)
-        u = 0.5 * (phi + 1.0)
-        log_phi = 19.0 * jnp.log(u) + 0.5 * jnp.log1p(-u) + jnp.log(one_minus_phi2)
+        # u = (phi + 1) / 2 = sigmoid(2 alpha): log u = -softplus(-2 alpha), log(1 - u) = -softplus(2 alpha)
+        log_u, log_1mu = -jax.nn.softplus(-2.0 * alpha), -jax.nn.softplus(2.0 * alpha)
+        log_phi = 19.0 * log_u + 0.5 * log_1mu + log_one_minus_phi2
         return loglik + log_x1 + log_ar + log_sigma + log_phi
 
     init = np.concatenate([np.zeros(num_steps), [np.log(np.std(y)), np.arctanh(0.9), np.log(0.2)]])

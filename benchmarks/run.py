@@ -57,11 +57,11 @@ SCHEMA_VERSION = 1
 QUICK_MODELS = list(MODELS)
 FULL_MODELS = list(MODELS)
 DEFAULT_SAMPLERS = list(SAMPLERS)
-NUTS_SAMPLERS = ("blackjax_nuts", "numpyro_nuts")  # the baselines the ratio column compares against
+NUTS_SAMPLERS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie")  # the baselines of the ratio column
 
 PACKAGES = (
     "ahmc", "jax", "jaxlib", "blackjax", "numpyro", "arviz_base", "arviz_stats",
-    "numpy", "scipy", "optax", "pymc", "pytensor",
+    "numpy", "scipy", "optax", "pymc", "pytensor", "numba", "nutpie",
 )  # fmt: skip
 
 
@@ -267,14 +267,16 @@ def markdown_report(results: dict[str, Any]) -> str:
         "",
         f"`{env['command']}` -- {env['date_utc']}, seed {env['seed']}, {settings['dtype']}, "
         f"{settings['num_chains']} chains; {env['cpu_model']}, {env['nproc']} CPUs, JAX {env['packages'].get('jax')} "
-        f"on {env['jax_backend']}, BlackJAX {env['packages'].get('blackjax')}, NumPyro {env['packages'].get('numpyro')}; "
+        f"on {env['jax_backend']}, BlackJAX {env['packages'].get('blackjax')}, NumPyro {env['packages'].get('numpyro')}, "
+        f"PyMC {env['packages'].get('pymc')}, nutpie {env['packages'].get('nutpie')}; "
         f"git {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}. "
         f"Total {results['total_elapsed_s'] / 60:.1f} min.",
         "",
         "ESS: ArviZ bulk ESS over all chains, per coordinate; min / median / max over coordinates. "
         "Per gradient = per leapfrog step of the sampling phase (paper's ESS/L); 'w/ warm-up' also counts "
-        "warm-up gradients. ESS/s uses sampling wall time with JAX compilation taken out (compile time "
-        "apart). 'vs NUTS' = min ESS/grad over the best NUTS baseline's on that model.",
+        "warm-up gradients. ESS/s uses sampling wall time with compilation (JAX; PyTensor/Numba for the "
+        "PyMC samplers) taken out (compile time apart); the PyMC samplers run their chains on one core "
+        "by default. 'vs NUTS' = min ESS/grad over the best NUTS baseline's on that model.",
         "",
     ]
     for note in results["notes"]:
@@ -326,7 +328,8 @@ def markdown_report(results: dict[str, Any]) -> str:
             ) + "."]
         lines.append("")
     if any(r.get("timing", {}).get("sampling_time_estimated") for r in results["runs"]):
-        lines += ["\\* warm-up and sampling ran in one call; sampling time apportioned by gradient counts.", ""]
+        lines += ["\\* sampling time estimated: warm-up and sampling ran in one call and the time is apportioned by "
+                  "gradient counts (or, for PyMC with cores > 1, by the chains' per-phase spans).", ""]
     return "\n".join(lines)
 
 

@@ -20,7 +20,9 @@ Gradient evaluations are leapfrog steps (``num_integration_steps`` in BlackJAX,
 ``num_steps`` in NumPyro): each velocity-Verlet step makes one gradient call and
 the gradient at the start of a trajectory is cached in the state.  Not counted:
 the one gradient per chain at initialization, and NumPyro's initial step-size
-search (a handful of steps per chain).
+search (a handful of steps per chain).  The PyMC-side runners (``ahmc_pymc``,
+``pymc_nuts``, ``nutpie``) count the ``n_steps`` sample stat the same way and
+sample the PyMC version of the model from ``benchmarks/pymc_models.py``.
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ __all__ = [
     "Runner",
     "run_ahmc_blackjax",
     "run_ahmc_numpyro",
+    "run_ahmc_pymc",
     "run_blackjax_nuts",
     "run_numpyro_nuts",
+    "run_nutpie",
+    "run_pymc_nuts",
 ]
 
 
@@ -334,10 +339,260 @@ def run_ahmc_numpyro(rng_key, model, positions, num_warmup, num_samples, **optio
     )
 
 
+# --------------------------------------------------------------------------- #
+# PyMC: ahmc's step method, PyMC's NUTS, nutpie
+# --------------------------------------------------------------------------- #
+#
+# The PyMC runners sample the PyMC version of the model (benchmarks/pymc_models.py:
+# one free vector ``x`` in the JAX model's coordinates, log density equal up to a
+# constant), each chain from its row of ``positions``.  Chains run on one core by
+# default (``options["cores"]``, default 1): chain after chain in one process, as
+# the JAX runners run their vectorized chains in one process; on this 2-core
+# machine ``cores=2`` would also pay process start-up and contend with the other
+# jobs.  Compilation (PyTensor/Numba when the step method or nutpie's model is
+# built, plus what ``pm.sample`` compiles before its first iteration) goes to
+# ``compile_s``; ``warmup_s`` and ``sampling_s`` are the wall time of the
+# sampling loop from PyMC's per-iteration clocks (``perf_counter_start`` +
+# ``perf_counter_diff``), so they include the loop's own overhead (trace
+# writing, ...), not the final conversion to a DataTree.
+
+
+def _int_seed(rng_key) -> int:
+    """A 31-bit integer seed from the benchmark's JAX key (0 without one)."""
+    if rng_key is None:
+        return 0
+    import jax
+
+    return int(jax.random.randint(rng_key, (), 0, 2**31 - 1))
+
+
+def _pymc_model(model):
+    from .pymc_models import build
+
+    return build(model.name)
+
+
+def _initvals(positions) -> list[dict[str, np.ndarray]]:
+    return [{"x": np.asarray(p, dtype=np.float64)} for p in positions]
+
+
+def _pymc_sample(pm_model, step, positions, num_warmup, num_samples, seed, cores):
+    """``pm.sample`` with warm-up kept; returns ``(idata, timing pieces)`` from PyMC's per-iteration clocks."""
+    import time
+
+    import pymc as pm
+
+    start = time.perf_counter()
+    idata = pm.sample(draws=num_samples, tune=num_warmup, chains=positions.shape[0], cores=cores, step=step,
+                      initvals=_initvals(positions), random_seed=seed, progressbar=False,
+                      discard_tuned_samples=False, compute_convergence_checks=False, model=pm_model, quiet=True)
+    end = time.perf_counter()
+    # Per chain: warm-up from the start of its first tune iteration to the start of its
+    # first draw; sampling from there to the end of its last draw.
+    warm_start = idata.warmup_sample_stats["perf_counter_start"].values if num_warmup else None
+    draw_start = idata.sample_stats["perf_counter_start"].values
+    draw_end = draw_start[:, -1] + idata.sample_stats["perf_counter_diff"].values[:, -1]
+    first = draw_start[:, 0] if warm_start is None else warm_start[:, 0]
+    warmup_spans = draw_start[:, 0] - first
+    sampling_spans = draw_end - draw_start[:, 0]
+    loop_start, loop_end = float(first.min()), float(draw_end.max())
+    estimated = cores > 1 and positions.shape[0] > 1
+    if estimated:  # chains overlap in time: split the loop's wall time by the chains' spans
+        loop = loop_end - loop_start
+        share = warmup_spans.sum() / max(warmup_spans.sum() + sampling_spans.sum(), 1e-300)
+        warmup_s, sampling_s = loop * share, loop * (1 - share)
+    else:
+        warmup_s, sampling_s = float(warmup_spans.sum()), float(sampling_spans.sum())
+    pieces = {
+        "warmup_s": float(warmup_s),
+        "sampling_s": float(sampling_s),
+        "estimated": estimated,
+        "pm_sample_wall_s": end - start,
+        "before_loop_s": loop_start - start,  # initial points, trace set-up (compiles a little)
+        "after_loop_s": end - loop_end,  # DataTree conversion
+        "cores": cores,
+    }
+    return idata, pieces
+
+
+def _pymc_run(idata, pieces, compile_s, grads_field, num_warmup, extra) -> SamplerRun:
+    def stat(group, name):
+        return np.asarray(idata[group][name].values)
+
+    num_chains = idata.posterior.sizes["chain"]
+    zeros = np.zeros(num_chains, dtype=np.int64)
+    has_warmup = num_warmup > 0 and "warmup_sample_stats" in idata.children
+    draws = np.asarray(idata.posterior["x"].values, dtype=np.float64)
+    compile_total = compile_s + pieces["before_loop_s"]
+    phases = {"compile_s": {"build": compile_s, "pm_sample_before_loop": pieces["before_loop_s"]},
+              "run_s": {"warmup": pieces["warmup_s"], "sampling": pieces["sampling_s"]},
+              "pm_sample_wall_s": pieces["pm_sample_wall_s"], "pm_sample_after_loop_s": pieces["after_loop_s"],
+              "cores": pieces["cores"], "compile_total_s": compile_total}
+    sampling_steps = stat("sample_stats", grads_field)
+    extra = {"cores": pieces["cores"], "mean_steps_per_draw": _as_float_list(sampling_steps.mean(axis=1)),
+             "step_size": _as_float_list(stat("sample_stats", "step_size")[:, -1]), **extra}
+    return SamplerRun(
+        draws=draws,
+        num_grads_warmup=stat("warmup_sample_stats", grads_field).sum(axis=1).astype(np.int64) if has_warmup else zeros,
+        num_grads_sampling=sampling_steps.sum(axis=1).astype(np.int64),
+        num_divergent_warmup=stat("warmup_sample_stats", "diverging").sum(axis=1) if has_warmup else zeros,
+        num_divergent_sampling=stat("sample_stats", "diverging").sum(axis=1),
+        timing={"warmup_s": pieces["warmup_s"], "sampling_s": pieces["sampling_s"], "compile_s": compile_total,
+                "sampling_time_estimated": pieces["estimated"], "phases": phases},
+        extra=extra,
+    )
+
+
+def run_ahmc_pymc(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """ahmc's PyMC step method: ``pm.sample(step=ahmc.adapters.pymc.AdaptiveHMC(**options))``.
+
+    One tuner per chain (PyMC steps chains independently).  ``options["cores"]``
+    (default 1) goes to ``pm.sample``; the other options to ``AdaptiveHMC``.
+    Gradients are the ``n_steps`` stat (warm-up ones from ``warmup_sample_stats``).
+    Compile time: building the step (PyTensor compiles the log density and
+    gradient) plus what ``pm.sample`` does before its first iteration.
+    """
+    import time
+
+    from ahmc.adapters.pymc import AdaptiveHMC
+
+    options = dict(options)
+    cores = int(options.pop("cores", 1))
+    pm_model = _pymc_model(model)
+    start = time.perf_counter()
+    step = AdaptiveHMC(model=pm_model, **options)
+    compile_s = time.perf_counter() - start
+    idata, pieces = _pymc_sample(pm_model, step, positions, num_warmup, num_samples, _int_seed(rng_key), cores)
+    stats = idata.sample_stats
+    warm_changes = (idata.warmup_sample_stats["arm_changed"].values.sum(axis=1) if num_warmup
+                    else np.zeros(positions.shape[0]))
+    extra = {
+        "final_step_size": _as_float_list(stats["step_size"].values[:, -1]),
+        "final_num_steps": _as_float_list(stats["max_steps"].values[:, -1]),
+        "mean_acceptance": _as_float_list(stats["accept"].values.mean(axis=1)),
+        "rounds": _as_float_list(stats["tuning_round"].values.max(axis=1)),
+        "arm_changes": _as_float_list(warm_changes + stats["arm_changed"].values.sum(axis=1)),
+    }
+    return _pymc_run(idata, pieces, compile_s, "n_steps", num_warmup, extra)
+
+
+def run_pymc_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """PyMC's own NUTS (``nuts_sampler="pymc"``), set up as ``pm.sample`` does by default.
+
+    ``pm.init_nuts(init="adapt_diag")`` builds the NUTS step with PyMC's
+    diagonal mass-matrix adaptation (``pm.sample``'s default init is
+    ``"jitter+adapt_diag"``; the jitter is left out so the chains start exactly
+    at ``positions``, which are already jittered), then ``pm.sample(step=...)``.
+    Gradients are the ``n_steps`` stat (NUTS's ``tree_size``, the leapfrog steps of the tree,
+    as the DataTree names it).
+    ``options["cores"]`` (default 1) goes to ``pm.sample``, the others to ``pm.NUTS``
+    (e.g. ``target_accept``).
+    """
+    import time
+
+    import pymc as pm
+
+    options = dict(options)
+    cores = int(options.pop("cores", 1))
+    seed = _int_seed(rng_key)
+    pm_model = _pymc_model(model)
+    start = time.perf_counter()
+    _, step = pm.init_nuts(init="adapt_diag", chains=positions.shape[0], initvals=_initvals(positions),
+                           model=pm_model, random_seed=seed, progressbar=False, quiet=True, tune=num_warmup,
+                           **options)
+    compile_s = time.perf_counter() - start
+    idata, pieces = _pymc_sample(pm_model, step, positions, num_warmup, num_samples, seed, cores)
+    stats = idata.sample_stats
+    extra = {
+        "mean_acceptance": _as_float_list(stats["acceptance_rate"].values.mean(axis=1)),
+        "max_tree_depth": _as_float_list(stats["tree_depth"].values.max(axis=1)),
+    }
+    return _pymc_run(idata, pieces, compile_s, "n_steps", num_warmup, extra)
+
+
+def run_nutpie(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """nutpie's compiled NUTS (Rust sampler, Numba-compiled log density) on the PyMC model.
+
+    ``nutpie.compile_pymc_model`` (timed as compile) then ``nutpie.sample``
+    with ``save_warmup=True``; gradients are the ``n_steps`` stat.  nutpie has
+    no per-chain initial values: the compiled model's ``initial_point_func``
+    (called once per chain with a chain seed) is replaced by one that hands out
+    the rows of ``positions`` in call order, so the chains start from the same
+    set of points as every other sampler (which chain gets which row follows
+    nutpie's scheduling).  Warm-up and sampling run in one call: their times
+    are apportioned by gradient counts (``sampling_time_estimated``).
+    ``options["cores"]`` (default 1) and the other options go to ``nutpie.sample``.
+    """
+    import dataclasses
+    import threading
+    import time
+
+    try:
+        import nutpie
+    except ImportError as error:
+        raise ModuleNotFoundError(f"nutpie is not installed ({error}); it comes with the 'pymc' extra") from error
+
+    options = dict(options)
+    cores = int(options.pop("cores", 1))
+    pm_model = _pymc_model(model)
+    start = time.perf_counter()
+    compiled = nutpie.compile_pymc_model(pm_model)
+    compile_s = time.perf_counter() - start
+
+    rows = np.asarray(positions, dtype=np.float64)
+    handed: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def initial_point(seed):
+        with lock:
+            if seed not in handed:
+                handed[seed] = len(handed)
+            return rows[handed[seed] % len(rows)].copy()
+
+    compiled = dataclasses.replace(compiled, initial_point_func=initial_point)
+    start = time.perf_counter()
+    trace = nutpie.sample(compiled, draws=num_samples, tune=num_warmup, chains=rows.shape[0], cores=cores,
+                          seed=_int_seed(rng_key), progress_bar=False, save_warmup=True, **options)
+    run_s = time.perf_counter() - start
+    draws = np.asarray(trace.posterior["x"].values, dtype=np.float64)
+    num_chains = draws.shape[0]
+    zeros = np.zeros(num_chains, dtype=np.int64)
+    stats = trace.sample_stats
+    steps = np.asarray(stats["n_steps"].values, dtype=np.int64)
+    if num_warmup:
+        warm_steps = np.asarray(trace.warmup_sample_stats["n_steps"].values, dtype=np.int64)
+        warm_div = np.asarray(trace.warmup_sample_stats["diverging"].values).sum(axis=1)
+    else:
+        warm_steps, warm_div = zeros[:, None], zeros
+    total = warm_steps.sum() + steps.sum()
+    fraction = steps.sum() / total if total > 0 else 0.5
+    return SamplerRun(
+        draws=draws,
+        num_grads_warmup=warm_steps.sum(axis=1),
+        num_grads_sampling=steps.sum(axis=1),
+        num_divergent_warmup=warm_div,
+        num_divergent_sampling=np.asarray(stats["diverging"].values).sum(axis=1),
+        timing={"warmup_s": float(run_s * (1 - fraction)), "sampling_s": float(run_s * fraction),
+                "compile_s": compile_s, "sampling_time_estimated": True,
+                "phases": {"compile_s": {"compile_pymc_model": compile_s}, "nutpie_sample_wall_s": run_s,
+                           "cores": cores, "compile_total_s": compile_s}},
+        extra={
+            "cores": cores,
+            "initial_point_calls": len(handed),
+            "step_size": _as_float_list(np.asarray(stats["step_size"].values)[:, -1]),
+            "mean_acceptance": _as_float_list(np.asarray(stats["mean_tree_accept"].values).mean(axis=1)),
+            "mean_steps_per_draw": _as_float_list(steps.mean(axis=1)),
+        },
+    )
+
+
 # name -> runner; every runner has the signature described in the module docstring.
 SAMPLERS: dict[str, Runner] = {
     "blackjax_nuts": run_blackjax_nuts,
     "numpyro_nuts": run_numpyro_nuts,
     "ahmc_blackjax": run_ahmc_blackjax,
     "ahmc_numpyro": run_ahmc_numpyro,
+    "ahmc_pymc": run_ahmc_pymc,
+    "pymc_nuts": run_pymc_nuts,
+    "nutpie": run_nutpie,
 }

@@ -165,3 +165,29 @@ def test_tiny_nuts_run_writes_json_and_markdown(tmp_path):
 
     report = output.with_suffix(".md").read_text()
     assert "## corr_gauss_2" in report and "| blackjax_nuts |" in report and "| numpyro_nuts |" in report
+
+
+def test_pymc_model_matches_the_jax_log_density():
+    pytest.importorskip("pymc")
+    pytest.importorskip("jax")
+    from benchmarks import pymc_models
+
+    model = models.get_model("ripley")
+    points = models.initial_positions(model, 3, seed=1)
+    error = pymc_models.max_logp_discrepancy("ripley", points)
+    assert error["logp"] < 1e-8 and error["grad"] < 1e-8
+
+
+def test_ahmc_pymc_runner_smoke():
+    """The PyMC step method through the runner contract on a tiny model (a few seconds)."""
+    pytest.importorskip("pymc")
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, seed=0)
+    out = run.SAMPLERS["ahmc_pymc"](None, model, positions, 60, 40)
+    assert out.draws.shape == (2, 40, 2) and np.all(np.isfinite(out.draws))
+    assert np.all(out.num_grads_warmup >= 60) and np.all(out.num_grads_sampling >= 40)
+    assert out.num_divergent_warmup.shape == out.num_divergent_sampling.shape == (2,)
+    timing = out.timing
+    assert timing["compile_s"] > 0 and timing["warmup_s"] > 0 and timing["sampling_s"] > 0
+    assert not timing["sampling_time_estimated"] and out.extra["cores"] == 1
+    assert len(out.extra["final_step_size"]) == 2
