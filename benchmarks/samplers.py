@@ -166,33 +166,19 @@ def run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, **opti
 # --------------------------------------------------------------------------- #
 
 
-def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
-    """NumPyro ``NUTS(potential_fn=-logdensity_fn)`` driven by ``numpyro.infer.MCMC``.
+def _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples, chain_method, fields):
+    """Drive a NumPyro kernel: warm-up (collected, to count its gradients), then sampling.
 
-    ``chain_method="vectorized"`` (all chains in one ``vmap``, as for BlackJAX)
-    unless ``options["chain_method"]`` says otherwise; other ``options`` go to
-    ``NUTS`` (e.g. ``target_accept_prob``, ``dense_mass``).  Warm-up runs with
-    ``MCMC.warmup(collect_warmup=True)`` so its leapfrog steps can be counted,
-    then ``MCMC.run`` continues from the warmed-up state.
+    Returns ``(SamplerRun without extra, mcmc, warm-up fields, sampling fields)``.
     """
     import jax
     import jax.numpy as jnp
-    from numpyro.infer import MCMC, NUTS
+    from numpyro.infer import MCMC
 
-    options = dict(options)
-    chain_method = options.pop("chain_method", "vectorized")
-    logdensity_fn = model.logdensity_fn
-    kernel = NUTS(potential_fn=lambda x: -logdensity_fn(x), **options)
     num_chains = positions.shape[0]
-    mcmc = MCMC(
-        kernel,
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        num_chains=num_chains,
-        chain_method=chain_method,
-        progress_bar=False,
-    )
-    fields = ("num_steps", "diverging", "accept_prob")
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
+                chain_method=chain_method, progress_bar=False)
+    fields = ("num_steps", "diverging", "accept_prob") + tuple(fields)
     warm_key, sample_key = jax.random.split(rng_key)
     clock = CompileClock()
     with clock.phase("warmup"):
@@ -202,8 +188,7 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
         mcmc.run(sample_key, extra_fields=fields)
         draws = _block(mcmc.get_samples(group_by_chain=True))
         sample_fields = mcmc.get_extra_fields(group_by_chain=True)
-    step_size = mcmc.last_state.adapt_state.step_size
-    return SamplerRun(
+    run = SamplerRun(
         draws=np.asarray(draws).reshape(num_chains, num_samples, -1),
         num_grads_warmup=np.asarray(warm_fields["num_steps"]).sum(axis=1),
         num_grads_sampling=np.asarray(sample_fields["num_steps"]).sum(axis=1),
@@ -212,11 +197,31 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
         timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
         extra={
             "chain_method": chain_method,
-            "step_size": _as_float_list(step_size),
             "mean_acceptance": _as_float_list(np.asarray(sample_fields["accept_prob"]).mean(axis=1)),
             "mean_steps_per_draw": _as_float_list(np.asarray(sample_fields["num_steps"]).mean(axis=1)),
         },
     )
+    return run, mcmc, warm_fields, sample_fields
+
+
+def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """NumPyro ``NUTS(potential_fn=-logdensity_fn)`` driven by ``numpyro.infer.MCMC``.
+
+    ``chain_method="vectorized"`` (all chains in one ``vmap``, as for BlackJAX)
+    unless ``options["chain_method"]`` says otherwise; other ``options`` go to
+    ``NUTS`` (e.g. ``target_accept_prob``, ``dense_mass``).  Warm-up runs with
+    ``MCMC.warmup(collect_warmup=True)`` so its leapfrog steps can be counted,
+    then ``MCMC.run`` continues from the warmed-up state.
+    """
+    from numpyro.infer import NUTS
+
+    options = dict(options)
+    chain_method = options.pop("chain_method", "vectorized")
+    logdensity_fn = model.logdensity_fn
+    kernel = NUTS(potential_fn=lambda x: -logdensity_fn(x), **options)
+    run, mcmc, _, _ = _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples, chain_method, ())
+    run.extra["step_size"] = _as_float_list(mcmc.last_state.adapt_state.step_size)
+    return run
 
 
 # --------------------------------------------------------------------------- #
@@ -296,47 +301,23 @@ def run_ahmc_numpyro(rng_key, model, positions, num_warmup, num_samples, **optio
     says otherwise; other ``options`` go to ``AdaptiveHMC``.  Warm-up and
     sampling are timed separately, exactly as for ``numpyro_nuts``.
     """
-    import jax
-    import jax.numpy as jnp
-    from numpyro.infer import MCMC
-
     from ahmc.adapters.numpyro import AdaptiveHMC
 
     options = dict(options)
     chain_method = options.pop("chain_method", "vectorized")
     logdensity_fn = model.logdensity_fn
     kernel = AdaptiveHMC(potential_fn=lambda x: -logdensity_fn(x), **options)
-    num_chains = positions.shape[0]
-    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                chain_method=chain_method, progress_bar=False)
-    fields = ("num_steps", "diverging", "accept_prob", "step_size", "max_steps", "arm_changed", "tuning_round")
-    warm_key, sample_key = jax.random.split(rng_key)
-    clock = CompileClock()
-    with clock.phase("warmup"):
-        mcmc.warmup(warm_key, init_params=jnp.asarray(positions), extra_fields=fields, collect_warmup=True)
-        warm_fields = _block(mcmc.get_extra_fields(group_by_chain=True))
-    with clock.phase("sampling"):
-        mcmc.run(sample_key, extra_fields=fields)
-        draws = _block(mcmc.get_samples(group_by_chain=True))
-        sample_fields = mcmc.get_extra_fields(group_by_chain=True)
-    return SamplerRun(
-        draws=np.asarray(draws).reshape(num_chains, num_samples, -1),
-        num_grads_warmup=np.asarray(warm_fields["num_steps"]).sum(axis=1),
-        num_grads_sampling=np.asarray(sample_fields["num_steps"]).sum(axis=1),
-        num_divergent_warmup=np.asarray(warm_fields["diverging"]).sum(axis=1),
-        num_divergent_sampling=np.asarray(sample_fields["diverging"]).sum(axis=1),
-        timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
-        extra={
-            "chain_method": chain_method,
-            "final_step_size": _as_float_list(np.asarray(sample_fields["step_size"])[:, -1]),
-            "final_num_steps": _as_float_list(np.asarray(sample_fields["max_steps"])[:, -1]),
-            "mean_acceptance": _as_float_list(np.asarray(sample_fields["accept_prob"]).mean(axis=1)),
-            "mean_steps_per_draw": _as_float_list(np.asarray(sample_fields["num_steps"]).mean(axis=1)),
-            "rounds": _as_float_list(np.asarray(sample_fields["tuning_round"]).max(axis=1)),
-            "arm_changes": _as_float_list(np.asarray(warm_fields["arm_changed"]).sum(axis=1)
-                                          + np.asarray(sample_fields["arm_changed"]).sum(axis=1)),
-        },
+    fields = ("step_size", "max_steps", "arm_changed", "tuning_round")
+    run, _, warm, sample = _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples,
+                                             chain_method, fields)
+    run.extra.update(
+        final_step_size=_as_float_list(np.asarray(sample["step_size"])[:, -1]),
+        final_num_steps=_as_float_list(np.asarray(sample["max_steps"])[:, -1]),
+        rounds=_as_float_list(np.asarray(sample["tuning_round"]).max(axis=1)),
+        arm_changes=_as_float_list(np.asarray(warm["arm_changed"]).sum(axis=1)
+                                   + np.asarray(sample["arm_changed"]).sum(axis=1)),
     )
+    return run
 
 
 # --------------------------------------------------------------------------- #
