@@ -21,6 +21,8 @@ import numpy as np
 
 from ahmc.core import gp_ucb, search_space
 
+from .run import _cpu_model
+
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "core_timing.json")
 
 
@@ -101,17 +103,6 @@ def main(repeats):
     for name, row in summary.items():
         print(f"{name:18s} median {row['median_ms']:.3f} ms   p90 {row['p90_ms']:.3f} ms")
     print(f"written to {RESULTS}")
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":
