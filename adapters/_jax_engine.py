@@ -201,7 +201,7 @@ def build_engine(
     round_length: int = 10,
     metric_fraction: float = 0.5,
     step_size_factors: tuple[float, float] = (0.5, 2.0),
-    max_integration_time: float = 2 * math.pi,
+    max_integration_time: float = 4 * math.pi,
     warmup_integration_time: float = 2.0,
     num_steps_cap: int = 256,
     num_step_sizes: int = 100,
@@ -238,9 +238,12 @@ def build_engine(
         ``eps* x step_size_factors`` and ``L in [1, ceil(max_integration_time / eps*)]``
         (capped at ``num_steps_cap``), with ``eps*`` the dual-averaging step
         size.  ``L`` up to ``T_max / eps*`` means trajectories of (whitened)
-        integration time up to ``T_max = 2 pi``: with the uniform jitter the
-        mean time is half that, enough for a full half-period of the widest
-        whitened direction of a Gaussian with a sd up to ~2.
+        integration time up to ``T_max = 4 pi``: with the uniform jitter the
+        mean time is half that, enough for a half-period of a whitened
+        direction with a sd up to ~4.  A diagonal metric leaves correlated
+        directions wider than 1: on the stochastic-volatility benchmark
+        (d = 1003) the slow direction (log beta against the level of the
+        latent path) needs it -- 2 pi capped the GP at a mean time of ~3.
     adapt_mass_matrix
         Estimate a diagonal inverse mass matrix in Stan-like windows during the
         metric phase (pooled over chains, BlackJAX's Welford estimator); the
