@@ -110,3 +110,22 @@ def test_eviction_drops_the_least_visited_then_oldest(space):
     for arm in [50]:  # 10, 30 have two visits, 40 one: 40 goes
         state, _ = tuner.update(state._replace(arm=np.int32(arm)), 1.0, uniform=1.0)
     assert sorted(state.buffer.arm.tolist()) == [10, 30, 50]
+
+
+def test_acquisition_is_the_ucb_with_the_standard_deviation(space):
+    """u = s * mu + p_i * sqrt(beta_{i+1}) * sigma (sd, not variance), maximised over the grid."""
+    from ahmc.core import adapt_probability, ucb_beta
+
+    rng = np.random.default_rng(5)
+    tuner = gp_ucb(space, noise_variance=NOISE, lengthscale=LENGTHSCALE)
+    arms = rng.choice(space.num_arms, size=6, replace=False)
+    rewards = rng.uniform(0.5, 2.0, size=6)
+    state, infos = drive(tuner, arms, rewards)
+    mean, var = dense_posterior(space, list(zip(arms, rewards, np.ones(6))))
+    i = 6
+    expected = (4.0 / rewards.max()) * mean + adapt_probability(i) * np.sqrt(ucb_beta(i)) * np.sqrt(var)
+    np.testing.assert_allclose(tuner.surrogate(state).acquisition, expected, atol=1e-8)
+    assert int(infos[-1].proposed_arm) == int(np.argmax(expected))
+    # few data, p_i = 1: exploration matters, so sd and variance pick different arms here
+    with_variance = (4.0 / rewards.max()) * mean + np.sqrt(ucb_beta(i)) * var
+    assert int(np.argmax(with_variance)) != int(np.argmax(expected))
