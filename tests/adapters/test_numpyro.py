@@ -1,5 +1,6 @@
 """The NumPyro kernel: drop-in use, correctness against posteriordb, plumbing."""
 
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -67,26 +68,29 @@ def test_chain_methods_agree_with_the_truth(chain_method, x64):
     assert_moments_match(draws, np.zeros(5), np.asarray(scales))
 
 
-def test_parallel_chain_method_on_two_devices():
+def test_parallel_chain_method_agrees_with_the_truth():
+    """chain_method="parallel" (pmap over 4 simulated host devices), same target and check as above."""
     code = textwrap.dedent(
         """
-        import numpyro; numpyro.set_host_device_count(2)
-        import jax, numpy as np, numpyro.distributions as dist
+        import numpyro; numpyro.set_host_device_count(4)
+        import jax, jax.numpy as jnp, numpy as np
+        jax.config.update("jax_enable_x64", True)
         from numpyro.infer import MCMC
         from ahmc.adapters.numpyro import AdaptiveHMC
-        assert jax.local_device_count() == 2
-        def model():
-            numpyro.sample("x", dist.Normal(3.0, 2.0))
-        mcmc = MCMC(AdaptiveHMC(model), num_warmup=300, num_samples=500, num_chains=2,
-                    chain_method="parallel", progress_bar=False)
-        mcmc.run(jax.random.key(0))
-        x = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
-        assert x.shape == (2, 500), x.shape
-        assert abs(x.mean() - 3.0) < 0.5 and abs(x.std() - 2.0) < 0.5, (x.mean(), x.std())
+        from tests.reference import assert_moments_match
+        assert jax.local_device_count() == 4
+        scales = jnp.array([0.01, 0.3, 1.0, 5.0, 100.0])
+        mcmc = MCMC(AdaptiveHMC(potential_fn=lambda z: 0.5 * jnp.sum((z / scales) ** 2)), num_warmup=1000,
+                    num_samples=1000, num_chains=4, chain_method="parallel", progress_bar=False)
+        mcmc.run(jax.random.key(3), init_params=jnp.tile(scales * 0.5, (4, 1)))
+        draws = np.asarray(mcmc.get_samples(group_by_chain=True))
+        assert draws.shape == (4, 1000, 5), draws.shape
+        assert_moments_match(draws, np.zeros(5), np.asarray(scales))
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    root = pathlib.Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ok" in result.stdout
 
