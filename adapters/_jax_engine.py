@@ -62,7 +62,7 @@ from blackjax.adaptation.window_adaptation import build_schedule
 
 from ahmc.core import RoundStats, TunerState, get_objective, gp_ucb, round_init, round_update, search_space
 
-__all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "Engine", "build_engine", "run_chains"]
+__all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "Engine", "build_engine", "sample"]
 
 NEVER = np.iinfo(np.int32).max
 
@@ -619,29 +619,13 @@ def _check_finite(logdensity, grad):
         )
 
 
-def run_chains(
-    rng_key,
-    logdensity_fn: Callable,
-    positions,
-    num_warmup: int = 1000,
-    num_samples: int = 1000,
-    **options,
-):
-    """Warm up and sample with infinite adaptation; returns ``(samples, info)``.
-
-    ``positions`` has a leading chain axis.  ``samples`` is the positions
-    pytree with leading axes ``(chains, num_samples)``; ``info`` is an
-    :class:`EngineInfo` whose fields have shape
-    ``(num_warmup + num_samples, chains)`` (warm-up first; ``info.is_warmup``
-    tells them apart).  ``options`` go to :func:`build_engine`.  Use
-    :func:`sample` to also get the final :class:`EngineState`.
-    """
-    samples, info, _ = sample(rng_key, logdensity_fn, positions, num_warmup, num_samples, **options)
-    return samples, info
-
-
 def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000, **options):
-    """Like :func:`run_chains` but also returns the final :class:`EngineState`."""
+    """Warm up and sample with infinite adaptation: ``(samples, info, final EngineState)``.
+
+    ``samples`` has leading axes ``(chains, num_samples)``; ``info`` fields have shape
+    ``(num_warmup + num_samples, chains)``, warm-up first.  The public entry point is
+    :func:`ahmc.adapters.blackjax.run_chains`.
+    """
     engine = build_engine(logdensity_fn, num_warmup=num_warmup, **options)
     init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
     state = engine.init(positions, init_key)
