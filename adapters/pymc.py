@@ -299,7 +299,7 @@ class AdaptiveHMC(BaseHMC):
         if int(round_stats.num_iterations) >= self._round_length:
             reward = self._objective(round_stats, self._arm[1])
             with _single_threaded_blas():
-                self._tuner_state, info = self._tuner().update(self._tuner_state, reward, self.rng.uniform())
+                self._tuner_state, info = self._tuner().update(self._tuner_state, reward, self.rng.uniform(), lazy=True)
             i, state = int(info.round), self._tuner_state
             if self._exploit and i == self._num_tune_rounds and i < int(state.freeze_round):  # tune ends: GP mean's best
                 best = np.argmax(self._tuner().surrogate(self._tuner_state).mean)

@@ -42,7 +42,8 @@ import numpy as np
 
 from .space import SearchSpace
 
-__all__ = ["ArmBuffer", "GridKernel", "grid_kernel", "empty_buffer", "posterior_mean", "posterior_covariance_column"]
+__all__ = ["ArmBuffer", "GridKernel", "grid_kernel", "empty_buffer", "compact", "posterior_mean",
+           "posterior_covariance_column"]
 
 
 class ArmBuffer(NamedTuple):
@@ -125,6 +126,17 @@ def _system(buffer: ArmBuffer, kernel: GridKernel, noise_variance: float, xp, dt
     diagonal = xp.where(occupied, noise_variance / safe_count, xp.ones_like(buffer.count))
     eye = xp.eye(gram.shape[0], dtype=dtype)
     return k_eps, k_l, occupied, gram + eye * diagonal[None, :]
+
+
+def compact(buffer: ArmBuffer) -> ArmBuffer:
+    """The occupied slots only (eager NumPy: a data-dependent shape).
+
+    Empty slots add identity rows that change nothing, so every function here
+    gives the same result on ``compact(buffer)``, with solves of the size of
+    the data instead of the capacity.
+    """
+    keep = buffer.count > 0
+    return ArmBuffer(*(field[keep] for field in buffer))
 
 
 def posterior_mean(buffer: ArmBuffer, kernel: GridKernel, noise_variance: float, xp, dtype):

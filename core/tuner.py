@@ -86,7 +86,7 @@ class TunerInfo(NamedTuple):
     adapt_probability : float, ()  ``p_i``
     beta : float, ()               ``beta_{i+1}``
     is_adapting : bool, ()         ``uniform < p_i`` and not frozen
-    proposed_arm : int32, ()       maximiser of the acquisition function
+    proposed_arm : int32, ()       maximiser of the acquisition function (-1: not computed, lazy update)
     next_arm : int32, ()           arm for round ``i + 1``
     arm_changed : bool, ()         ``next_arm != arm``
     num_arms : int32, ()           distinct arms in the buffer
@@ -127,7 +127,7 @@ class Tuner(NamedTuple):
     """Pure functions returned by :func:`gp_ucb`.
 
     ``init(xp=numpy, dtype=None) -> TunerState``
-    ``update(state, reward, uniform, weight=1.0) -> (TunerState, TunerInfo)``
+    ``update(state, reward, uniform, weight=1.0, *, lazy=False) -> (TunerState, TunerInfo)``
     ``arm(state) -> (step_size, num_steps)``
     ``surrogate(state) -> Surrogate``
     """
@@ -265,8 +265,19 @@ def gp_ucb(
             freeze_round=xp.asarray(freeze_round, dtype=xp.int32),
         )
 
-    def update(state: TunerState, reward, uniform, weight=1.0):
+    def update(state: TunerState, reward, uniform, weight=1.0, *, lazy: bool = False):
+        """Score the current arm with ``reward`` and pick the next arm.
+
+        ``lazy=True`` (eager NumPy only; ignored by other array namespaces)
+        skips the work whose result would be discarded: the eviction downdate
+        when nothing is evicted, and the acquisition when the arm does not
+        move (``uniform >= p_i`` or frozen; then ``info.proposed_arm`` is -1),
+        and solves over the occupied slots instead of the whole capacity.
+        The new state is the same up to rounding; an adapter in a Python loop
+        saves most of the update's cost once ``p_i`` is small.
+        """
         xp = _namespace(state.grid_variance)
+        eager = lazy and xp.__name__.split(".")[0] == "numpy"  # Python branches are fine here
         dtype = state.grid_variance.dtype
         reward = xp.asarray(reward, dtype=dtype)
         weight = xp.asarray(weight, dtype=dtype)
@@ -300,14 +311,20 @@ def gp_ucb(
         is_evicting = ~has_match & ~has_free
         in_slot = slots == slot
 
+        # Lazy NumPy: solves over the occupied slots only (same numbers up to rounding).
+        data = gp.compact if eager else (lambda b: b)
+
         # Forget the evicted arm exactly: v += c^2 / (noise / count - v(x)).
-        cov_old, var_old = gp.posterior_covariance_column(
-            buffer, kernel, noise_variance, buffer.arm[slot], xp, dtype
-        )
-        old_noise = noise_variance / xp.maximum(buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
-        tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
-        downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
-        variance = state.grid_variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
+        if eager and not bool(is_evicting):
+            variance = state.grid_variance
+        else:
+            cov_old, var_old = gp.posterior_covariance_column(
+                data(buffer), kernel, noise_variance, buffer.arm[slot], xp, dtype
+            )
+            old_noise = noise_variance / xp.maximum(buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
+            tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
+            downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
+            variance = state.grid_variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
         kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.count), buffer.count)
         mean_kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.mean_reward), buffer.mean_reward)
         buffer = gp.ArmBuffer(
@@ -318,7 +335,7 @@ def gp_ucb(
         )
 
         # Learn the new reward: v -= c^2 / (v(x) + noise / weight).
-        cov_new, var_new = gp.posterior_covariance_column(buffer, kernel, noise_variance, state.arm, xp, dtype)
+        cov_new, var_new = gp.posterior_covariance_column(data(buffer), kernel, noise_variance, state.arm, xp, dtype)
         variance = variance - cov_new * cov_new / (var_new + noise_variance / weight)
         variance = xp.clip(variance, 0.0, 1.0)
         total = buffer.count + weight
@@ -333,9 +350,12 @@ def gp_ucb(
         p = adapt_probability(i, schedule=schedule, k=k, decay=decay, xp=xp)
         p = xp.asarray(p, dtype=dtype)
         beta = xp.asarray(ucb_beta(i, delta=delta, xp=xp), dtype=dtype)
-        acquisition = _acquisition(buffer, variance, scale, p, beta, xp, dtype)
-        proposed = xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
         is_adapting = (xp.asarray(uniform, dtype=dtype) < p) & (i < state.freeze_round)
+        if eager and not bool(is_adapting):
+            proposed = xp.asarray(-1, dtype=xp.int32)
+        else:
+            acquisition = _acquisition(data(buffer), variance, scale, p, beta, xp, dtype)
+            proposed = xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
         next_arm = xp.where(is_adapting, proposed, state.arm).astype(xp.int32)
 
         new_state = TunerState(

@@ -170,3 +170,28 @@ def _leaves(tree):
             yield from _leaves(x)
         else:
             yield x
+
+
+def test_lazy_update_gives_the_same_states(space):
+    """lazy=True (NumPy) skips discarded work and solves over occupied slots: same states (to rounding) through
+    adapting, idle and evicting rounds."""
+    tuner = gp_ucb(space, capacity=4, k=3)
+    rng = np.random.default_rng(11)
+    eager = lazy = tuner.init()
+    skipped = 0
+    for n in range(60):
+        reward, uniform = rng.uniform(0.1, 2.0), rng.uniform()
+        arm = np.int32(rng.integers(space.num_arms)) if n % 7 == 0 else eager.arm  # forced moves: evictions
+        eager, info_e = tuner.update(eager._replace(arm=arm), reward, uniform)
+        lazy, info_l = tuner.update(lazy._replace(arm=arm), reward, uniform, lazy=True)
+        for a, b in zip(eager, lazy):  # lazy solves over the occupied slots only: equal up to rounding
+            np.testing.assert_allclose(np.asarray(a) if not isinstance(a, tuple) else np.stack(a),
+                                       np.asarray(b) if not isinstance(b, tuple) else np.stack(b),
+                                       rtol=1e-10, atol=1e-12)
+        assert int(info_l.next_arm) == int(info_e.next_arm)
+        if not bool(info_e.is_adapting):
+            assert int(info_l.proposed_arm) == -1
+            skipped += 1
+        else:
+            assert int(info_l.proposed_arm) == int(info_e.proposed_arm)
+    assert skipped > 20 and int(info_e.num_arms) == 4  # both paths were exercised
