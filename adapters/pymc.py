@@ -162,7 +162,7 @@ class AdaptiveHMC(BaseHMC):
     def __init__(self, vars=None, *, step_size_bounds=None, num_steps_bounds=None, round_length=10,
                  objective="normalized_esjd", schedule="inverse_sqrt", k=None, decay=0.01, freeze_after=None,
                  adapt_mass_matrix=True, initial_step_size=None, metric_fraction=None,
-                 step_size_factors=(0.5, 2.0), max_integration_time=2 * math.pi, warmup_integration_time=2.0,
+                 step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
                  num_steps_cap=256, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
                  lengthscale=0.2, noise_variance=0.1, alpha=4.0, delta=0.1, model=None, **kwargs):
         model = modelcontext(model)

@@ -1,0 +1,104 @@
+"""The seed-to-seed spread of the benchmark's headline ratio: min ESS per gradient against a baseline.
+
+    ./dev run python -m benchmarks.seeds --models pima,ripley,breast_cancer \\
+        --samplers ahmc_pymc,pymc_nuts --baseline pymc_nuts --seeds 0,1,2,3,4 \\
+        --output benchmarks/results/pymc_seeds.json
+
+One benchmark run (``benchmarks.run``, quick settings) per seed; each run's
+JSON is kept beside the summary (``<output stem>_seed<k>.json``).  The summary
+gives, per model and sampler, the min ESS per gradient of every seed, its ratio
+to the baseline's in the same seed, and the mean, min and max of those ratios:
+one seed's ratio moves by 10-30% on these models, so a target is judged on the
+spread, not on one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import run as bench
+
+
+def min_ess_per_grad(results: dict) -> dict:
+    """``{(model, sampler): min ESS per gradient}`` of one run's completed samplers."""
+    out = {}
+    for row in results["runs"]:
+        metrics = row.get("metrics") or {}
+        value = (metrics.get("ess_per_grad") or {}).get("min")
+        if row.get("status") == "ok" and value is not None:
+            out[(row["model"], row["sampler"])] = float(value)
+    return out
+
+
+def summarize(per_seed: dict[int, dict], baseline: str) -> dict:
+    """Ratios to ``baseline`` per model, sampler and seed, and their spread."""
+    keys = sorted({key for values in per_seed.values() for key in values})
+    table = {}
+    for model, sampler in keys:
+        seeds, values, ratios = [], [], []
+        for seed, values_of_seed in sorted(per_seed.items()):
+            value, base = values_of_seed.get((model, sampler)), values_of_seed.get((model, baseline))
+            seeds.append(seed)
+            values.append(value)
+            ratios.append(value / base if value is not None and base else None)
+        finite = [r for r in ratios if r is not None]
+        table.setdefault(model, {})[sampler] = {
+            "seeds": seeds, "min_ess_per_grad": values, "ratio_to_baseline": ratios,
+            "ratio_mean": float(np.mean(finite)) if finite else None,
+            "ratio_min": float(np.min(finite)) if finite else None,
+            "ratio_max": float(np.max(finite)) if finite else None,
+        }
+    return table
+
+
+def markdown(summary: dict, baseline: str, command: str) -> str:
+    lines = [f"# Min ESS per gradient over seeds, as a ratio to {baseline}", "", f"`{command}`", "",
+             "| model | sampler | ratio per seed | mean (min-max) |", "|---|---|---|---|"]
+    for model, samplers in summary["table"].items():
+        for sampler, row in samplers.items():
+            per_seed = ", ".join("-" if r is None else f"{r:.2f}" for r in row["ratio_to_baseline"])
+            spread = "-" if row["ratio_mean"] is None else (
+                f"{row['ratio_mean']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})")
+            lines.append(f"| {model} | {sampler} | {per_seed} | {spread} |")
+    lines += ["", f"Seeds: {summary['seeds']}. Machine: {summary['environment']}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.seeds", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", required=True)
+    parser.add_argument("--samplers", required=True)
+    parser.add_argument("--baseline", required=True, help="sampler the ratios divide by (also run)")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    samplers = args.samplers.split(",")
+    if args.baseline not in samplers:
+        parser.error(f"--baseline {args.baseline} must be one of --samplers {args.samplers}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    per_seed, environment = {}, None
+    for seed in seeds:
+        path = args.output.with_name(f"{args.output.stem}_seed{seed}.json")
+        results = bench.main(["--models", args.models, "--samplers", args.samplers, "--seed", str(seed),
+                              "--output", str(path)])
+        per_seed[seed] = min_ess_per_grad(results)
+        env = results["environment"]
+        environment = environment or f"{env.get('cpu_model', '?')}, {env.get('nproc', '?')} CPUs (shared)"
+    command = "python -m benchmarks.seeds " + shlex.join(argv)
+    summary = {"command": command, "baseline": args.baseline, "seeds": seeds, "environment": environment,
+               "table": summarize(per_seed, args.baseline)}
+    args.output.write_text(json.dumps(summary, indent=1) + "\n")
+    args.output.with_suffix(".md").write_text(markdown(summary, args.baseline, command) + "\n")
+    print(markdown(summary, args.baseline, command))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
