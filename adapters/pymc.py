@@ -575,8 +575,9 @@ class _GeneralizedLeapfrogIntegrator:
 
     def step(self, step_size, state: _RiemannState) -> _RiemannState:
         try:
-            result = _riemann.generalized_leapfrog(self.geometry_at, state.geometry, state.p, step_size,
-                                                   self._tolerance, self._max_iterations)
+            with np.errstate(all="ignore"):  # an exploding fixed point is reported below, not warned about
+                result = _riemann.generalized_leapfrog(self.geometry_at, state.geometry, state.p, step_size,
+                                                       self._tolerance, self._max_iterations)
         except NotPositiveDefiniteError as error:
             raise IntegrationError(f"non-finite density or metric not positive definite on the path: {error}") \
                 from None
