@@ -736,6 +736,15 @@ class AdaptiveRMHMC(AdaptiveHMC):
         stats.update(fixed_point_converged=self.integrator.converged, n_grad_evals=self.integrator.evaluations)
         return q, [stats]
 
+    def _record_round(self, previous, position, stats):
+        """The round's jumps are measured in the metric at each iteration's start, ``dx^T G(x) dx``:
+        Euclidean jumps in a funnel's mouth dwarf those in its neck whatever the arm, which would
+        make the reward say where the chain is rather than how good the arm is."""
+        if self._riemann is None:
+            return super()._record_round(previous, position, stats)
+        jump = self.potential.geometry.chol.T @ (np.asarray(position) - np.asarray(previous))
+        return super()._record_round(np.zeros_like(jump), jump, stats)
+
     def _hamiltonian_step(self, start, p0, step_size) -> HMCStepData:
         result = super()._hamiltonian_step(start, p0, step_size)
         if self._riemann is not None:

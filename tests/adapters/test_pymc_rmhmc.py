@@ -188,18 +188,27 @@ def test_stats_and_tuning_history_from_the_datatree(gaussian_run):
     assert_same_tuner(replay(history, tuner=1)[1], step._tuner_state)  # the last chain's tuner, rebuilt
 
 
+def funnel_values(tree):
+    """v and, for each x_i, sign(x_i) |x_i|^(1/2): E[x_i^2] = E[exp(v)] has a heavy tail (its MCSE
+    is unreliable), while sign(x)|x|^(1/2) has mean 0 and variance E|x| = sqrt(2/pi) exp(9/8)."""
+    x = tree.posterior["x"].values
+    return tree.posterior["v"].values, np.sign(x) * np.sqrt(np.abs(x))
+
+
+FUNNEL_ROOT_SD = np.sqrt(np.sqrt(2 / np.pi) * np.exp(9 / 8))
+
+
 def test_funnel_short_run():
-    """Default-run funnel check: 4 chains x 400 draws.  The bar (ESS >= 60, R-hat < 1.05) is lower
-    than the slow test's; the z-scores use the same ESS-based standard errors and 4.5 cut."""
+    """Default-run funnel check, 2 chains x 400 draws: the same z-scores (ESS-based standard
+    errors, |z| < 4.5) as the slow test, with ESS >= 40 and R-hat < 1.2 as the bar against stuck
+    chains (a short run's R-hat is noisy; the slow test asks for 200 and 1.01)."""
     rng = np.random.default_rng(11)
     with funnel():
-        tree = pm.sample(tune=300, draws=400, chains=4, cores=2, step=AdaptiveRMHMC(), random_seed=11,
-                         initvals=funnel_draws(rng, 4), **QUIET)
-    values = np.concatenate([tree.posterior["v"].values[..., None], tree.posterior["x"].values], axis=-1)
-    # E[x_i^2] = E[exp(v)] = exp(4.5) has a heavy tail; the mean and sd of v and the mean of x are checked
-    assert_moments_match(values[..., :1], 0.0, 3.0, min_ess=60, max_rhat=1.05)
-    assert_moments_match(np.abs(values[..., 1:]) ** 0.5 * np.sign(values[..., 1:]), 0.0,
-                         np.sqrt(np.sqrt(2 / np.pi) * np.exp(9 / 8)), min_ess=60, max_rhat=1.05)
+        tree = pm.sample(tune=200, draws=400, chains=2, cores=2, step=AdaptiveRMHMC(), random_seed=11,
+                         initvals=funnel_draws(rng, 2), **QUIET)
+    v, root_x = funnel_values(tree)
+    assert_moments_match(v, 0.0, 3.0, min_ess=40, max_rhat=1.2)
+    assert_moments_match(root_x, 0.0, FUNNEL_ROOT_SD, min_ess=40, max_rhat=1.2)
 
 
 @pytest.mark.slow
@@ -208,10 +217,9 @@ def test_funnel_long_run():
     with funnel():
         tree = pm.sample(tune=1000, draws=2000, chains=4, cores=2, step=AdaptiveRMHMC(), random_seed=12,
                          initvals=funnel_draws(rng, 4), **QUIET)
-    values = np.concatenate([tree.posterior["v"].values[..., None], tree.posterior["x"].values], axis=-1)
-    assert_moments_match(values[..., :1], 0.0, 3.0)
-    assert_moments_match(np.abs(values[..., 1:]) ** 0.5 * np.sign(values[..., 1:]), 0.0,
-                         np.sqrt(np.sqrt(2 / np.pi) * np.exp(9 / 8)))
+    v, root_x = funnel_values(tree)
+    assert_moments_match(v, 0.0, 3.0)
+    assert_moments_match(root_x, 0.0, FUNNEL_ROOT_SD)
 
 
 def pima():
