@@ -496,6 +496,8 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
             raise ValueError(f"metric(position) must return a (d, d) matrix with d = {size}; it returned a "
                              f"{matrix.ndim}-d tensor.")
         matrix = pt.cast(matrix, "float64")
+        _check_initial_metric(compile_pytensor([flat], matrix, givens=givens, on_unused_input="ignore",
+                                               mode="FAST_COMPILE"), step, initial_point)
     derivative = _jacobian(matrix.ravel(), flat).reshape((size, size, size)).transpose(2, 0, 1)
     # PyMC's compile turns parameter checks into -inf (as its own logp function does), not errors.
     function = compile_pytensor([flat], [cost, grad, matrix, derivative], givens=givens, on_unused_input="ignore")
@@ -508,6 +510,16 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
         def evaluate(x):
             return _riemann.geometry(x, *function(x))
     return evaluate, function
+
+
+def _check_initial_metric(metric_function, step, initial_point):
+    """Before any derivative is compiled: the user's metric at the initial point must be (d, d) SPD."""
+    x = np.concatenate([np.ravel(initial_point[v.name]) for v in step.vars]).astype(np.float64)
+    matrix = np.asarray(metric_function(x))
+    if matrix.shape != (len(x), len(x)):
+        raise ValueError(f"metric(position) must return a ({len(x)}, {len(x)}) matrix for the flat position of "
+                         f"{step.vars}; it returned shape {matrix.shape}.")
+    _check_spd(matrix, "metric", where=" at the initial point")
 
 
 def _jacobian(expression, wrt):
@@ -689,7 +701,6 @@ class AdaptiveRMHMC(AdaptiveHMC):
         self._check_size(metric)
         initial_point = kwargs.get("initial_point") or self._model.initial_point()
         evaluate, self._geometry_function = _geometry_function(self, metric, self.softabs_alpha, initial_point)
-        self._check_initial_metric(initial_point)
         self.potential = _RiemannMomentum(self._size, rng=self.rng.spawn(1)[0])
         self.integrator = _GeneralizedLeapfrogIntegrator(evaluate, self.fixed_point_tolerance,
                                                          self.max_fixed_point_iterations)
@@ -707,19 +718,6 @@ class AdaptiveRMHMC(AdaptiveHMC):
             raise ValueError(f"metric is {metric.dim} x {metric.dim} but the flat position of {self.vars} has "
                              f"{size} coordinates; build it for these variables (an intercept needs its column "
                              f"of ones in fisher_logistic_metric's X).")
-
-    def _check_initial_metric(self, initial_point):
-        """Before any draw: the metric at the initial point must be symmetric positive definite."""
-        x = np.concatenate([np.ravel(initial_point[v.name]) for v in self.vars]).astype(np.float64)
-        logp, _, matrix, _ = self._geometry_function(x)
-        if not np.isfinite(logp):
-            return  # PyMC's own check reports a bad initial point when sampling starts
-        size = len(x)
-        if matrix.shape != (size, size):
-            raise ValueError(f"metric(position) must return a ({size}, {size}) matrix for the flat position of "
-                             f"{self.vars}; it returned shape {matrix.shape}.")
-        if self.metric is not None:
-            _check_spd(matrix, "metric", where=" at the initial point")
 
     # ---- one iteration ---------------------------------------------------------------------
     def astep(self, q0):
