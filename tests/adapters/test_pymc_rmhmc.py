@@ -241,14 +241,13 @@ def test_pima_logistic_fisher_metric_matches_nuts():
         ref[f"{moment}_mcse"] = dict(zip(reference["names"], reference[f"{moment}_mcse"]))
     model, metric = pima()
     with model:
-        tree = pm.sample(tune=400, draws=600, chains=2, cores=2, step=AdaptiveRMHMC(metric=metric), random_seed=5,
+        tree = pm.sample(tune=300, draws=500, chains=4, cores=2, step=AdaptiveRMHMC(metric=metric), random_seed=5,
                          **QUIET)
     draws = {"x": tree.posterior["x"].values}
     for moment in ("mean", "mean_squared"):
         z = zscores_against_reference(draws, ref, moment=moment)
         assert max(abs(v) for v in z.values()) < 4.5, (moment, z)
-    # 2 chains: split R-hat < 1.01 fails now and then at this length (ESS ~900) without any bias; 1.02 does not
-    assert bulk_ess(draws["x"]).min() >= 200 and split_rhat(draws["x"]).max() < 1.02
+    assert bulk_ess(draws["x"]).min() >= 200 and split_rhat(draws["x"]).max() < 1.01
     assert tree.sample_stats["fixed_point_converged"].values.mean() > 0.9
 
 
