@@ -63,13 +63,6 @@ def funnel_draws(rng, chains):
     return points
 
 
-def funnel_geometry():
-    """The compiled SoftAbs geometry of the funnel (PyTensor derivatives up to third order)."""
-    with funnel():
-        step = AdaptiveRMHMC()
-    return step.integrator._evaluate
-
-
 # ---- the integrator --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("alpha", [2.0, 1e6])
@@ -94,8 +87,17 @@ def test_softabs_derivative_matches_finite_differences(alpha):
 
 
 @pytest.fixture(scope="module")
-def funnel_evaluate():
-    return funnel_geometry()
+def one_iteration_funnel_step():
+    """A funnel step allowed a single fixed-point iteration (compiled once for this module)."""
+    with funnel() as model:
+        step = AdaptiveRMHMC(max_fixed_point_iterations=1)
+    return model, step
+
+
+@pytest.fixture(scope="module")
+def funnel_evaluate(one_iteration_funnel_step):
+    """The compiled SoftAbs geometry of the funnel (PyTensor derivatives up to third order)."""
+    return one_iteration_funnel_step[1].integrator._evaluate
 
 
 def start_point(evaluate, seed):
@@ -268,9 +270,8 @@ def test_constant_metric_is_plain_hmc_with_a_dense_mass_matrix():
     np.testing.assert_array_equal(stats["n_grad_evals"].values, stats["n_steps"].values + 1)
 
 
-def test_unconverged_fixed_point_is_reported_and_rejected():
-    with funnel() as model:
-        step = AdaptiveRMHMC(max_fixed_point_iterations=1)  # one iterate: G(x) varies, so never converged
+def test_unconverged_fixed_point_is_reported_and_rejected(one_iteration_funnel_step):
+    model, step = one_iteration_funnel_step  # one iterate: the fixed points never meet the tolerance
     (point,) = funnel_draws(np.random.default_rng(4), 1)
     point = model.initial_point() | {"v": np.asarray(point["v"]), "x": point["x"]}
     step.setup_chain(np.random.default_rng(0), tune=10, draws=0)
