@@ -23,7 +23,7 @@ def test_core_demo_finds_the_optimum(capsys):
     assert share >= 90.0
 
 
-@pytest.mark.parametrize("name", ["blackjax_adaptation", "pymc_gaussian", "numpyro_kernel"])
+@pytest.mark.parametrize("name", ["blackjax_adaptation", "pymc_gaussian", "numpyro_kernel", "pymc_rmhmc"])
 def test_framework_examples_run(name):
     if not (EXAMPLES / f"{name}.py").exists():
         pytest.skip(f"examples/{name}.py not written yet")
