@@ -1,0 +1,220 @@
+"""Position-dependent metrics G(x) for Riemann-manifold HMC (JAX).
+
+Every metric acts on the *flattened* unconstrained position ``x`` (the order of
+``jax.flatten_util.ravel_pytree``: dict keys sorted).  The kinetic energy is
+that of a Gaussian momentum ``p ~ N(0, G(x))``:
+
+    K(x, p) = 0.5 log det G(x) + 0.5 p^T G(x)^{-1} p   (+ constant),
+
+so ``H = -log pi(x) + K(x, p)`` has ``pi(x)`` as its x-marginal.
+
+Three kinds (the names the PyMC adapter uses too):
+
+* ``"softabs"`` (default): Betancourt's (2013) SoftAbs of the Hessian of
+  ``-log pi``: eigenvalues ``lambda -> lambda coth(alpha lambda)``, which is
+  ``|lambda|`` for ``|lambda| >> 1/alpha`` and ``1/alpha`` at 0.  Its
+  position-gradient needs third derivatives of ``log pi``; we write it with
+  the eigen-decomposition's divided differences (as Betancourt 2013 does),
+  which stay finite when eigenvalues coincide (autodiff through ``eigh``
+  does not: Neal's funnel has a repeated eigenvalue everywhere).
+* a callable ``flat_position -> (d, d)`` matrix, e.g.
+  :func:`fisher_logistic_metric`; BlackJAX's ``metrics.gaussian_riemannian``
+  supplies the momentum draw and kinetic energy, JAX autodiff its gradient.
+* :func:`constant_metric`: not Riemannian at all; the engine runs plain HMC
+  with the dense inverse mass matrix ``G^{-1}`` (no implicit solver), so it
+  costs what dense-metric HMC costs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import blackjax.mcmc.metrics as bj_metrics
+
+__all__ = [
+    "DEFAULT_SOFTABS_ALPHA",
+    "ConstantMetric",
+    "RiemannianMetric",
+    "constant_metric",
+    "fisher_logistic_metric",
+    "resolve_metric",
+    "softabs_metric",
+]
+
+DEFAULT_SOFTABS_ALPHA = 1e6  # the softness Betancourt (2013) uses in his examples
+
+
+class RiemannianMetric(NamedTuple):
+    """What the implicit integrator needs from G(x), on flat vectors.
+
+    sample_momentum(rng_key, x) -> p ~ N(0, G(x))
+    kinetic_energy(x, p) -> K(x, p)
+    kinetic_energy_grad(x, p) -> (dK/dx, dK/dp)
+    matrix(x) -> G(x)   (for checks and diagnostics)
+    """
+
+    sample_momentum: Callable
+    kinetic_energy: Callable
+    kinetic_energy_grad: Callable
+    matrix: Callable
+
+
+class ConstantMetric(NamedTuple):
+    """A fixed metric (mass matrix) ``matrix``; runs ordinary HMC with ``inverse_matrix``."""
+
+    matrix: Any
+    inverse_matrix: Any
+
+
+def constant_metric(matrix) -> ConstantMetric:
+    """A constant metric ``G`` (a symmetric positive-definite ``(d, d)`` mass matrix).
+
+    Sampling uses ordinary HMC (BlackJAX's velocity Verlet) with the dense
+    inverse mass matrix ``G^{-1}``: the cost of dense-metric HMC, no fixed point.
+    """
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"constant_metric needs a square (d, d) matrix; got shape {matrix.shape}.")
+    _check_spd("constant_metric(matrix)", matrix)
+    return ConstantMetric(matrix, np.linalg.inv(matrix))
+
+
+def fisher_logistic_metric(X, prior_variance: float = 100.0) -> Callable:
+    """Expected Fisher information + prior precision of Bayesian logistic regression.
+
+    ``G(beta) = X^T diag(s (1 - s)) X + I / prior_variance`` with
+    ``s = sigmoid(X beta)`` (Girolami & Calderhead 2011, section 7).  ``beta``
+    is the whole flat position, so ``X`` must carry a column of ones if the
+    model has an intercept (as its first coordinate, say).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"fisher_logistic_metric needs a 2-d design matrix X; got shape {X.shape}.")
+    if not prior_variance > 0:
+        raise ValueError(f"prior_variance must be > 0; got {prior_variance!r}.")
+
+    def metric_fn(beta):
+        design = jnp.asarray(X, beta.dtype)
+        s = jax.nn.sigmoid(design @ beta)
+        weights = s * (1.0 - s)
+        return (design.T * weights) @ design + jnp.eye(X.shape[1], dtype=beta.dtype) / prior_variance
+
+    return metric_fn
+
+
+def _check_spd(name: str, matrix: np.ndarray) -> None:
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError(f"{name} is not finite; the metric must be a finite positive-definite matrix.")
+    if not np.allclose(matrix, matrix.T, rtol=1e-6, atol=1e-8 * max(1.0, np.abs(matrix).max())):
+        raise ValueError(f"{name} is not symmetric; return (G + G.T) / 2 or a symmetric matrix.")
+    if np.linalg.eigvalsh(matrix).min() <= 0:
+        raise ValueError(f"{name} is not positive definite; the metric must be a positive-definite matrix.")
+
+
+def check_metric_at(metric_fn: Callable, flat_position) -> None:
+    """Raise ValueError if a user metric is not a symmetric PD (d, d) matrix at a concrete position."""
+    if isinstance(flat_position, jax.core.Tracer):
+        return
+    dim = flat_position.shape[0]
+    value = metric_fn(flat_position)
+    if isinstance(value, jax.core.Tracer):
+        return
+    value = np.asarray(value, dtype=np.float64)
+    if value.shape != (dim, dim):
+        raise ValueError(
+            f"metric(x) must return a ({dim}, {dim}) matrix for the flattened position of size {dim}; "
+            f"got shape {value.shape}."
+        )
+    _check_spd("metric(x) at the initial position", value)
+
+
+def riemannian_from_callable(metric_fn: Callable) -> RiemannianMetric:
+    """A user metric G(x): BlackJAX's Gaussian-Riemannian momentum, autodiff gradients."""
+    metric = bj_metrics.gaussian_riemannian(metric_fn)
+
+    def kinetic_energy(x, p):
+        return metric.kinetic_energy(p, position=x)
+
+    return RiemannianMetric(
+        sample_momentum=metric.sample_momentum,
+        kinetic_energy=kinetic_energy,
+        kinetic_energy_grad=jax.grad(kinetic_energy, argnums=(0, 1)),
+        matrix=metric_fn,
+    )
+
+
+def _softabs_values(eigenvalues, alpha):
+    """lambda coth(alpha lambda) and its derivative, with their limits at 0."""
+    a_lam = alpha * eigenvalues
+    small = jnp.abs(a_lam) < 1e-4
+    safe = jnp.where(small, 1.0, a_lam)
+    value = jnp.where(small, 1.0 / alpha + alpha * eigenvalues**2 / 3.0, eigenvalues / jnp.tanh(safe))
+    derivative = jnp.where(small, 2.0 * a_lam / 3.0, 1.0 / jnp.tanh(safe) - safe / jnp.sinh(safe) ** 2)
+    return value, derivative
+
+
+def softabs_metric(logdensity_fn: Callable, alpha: float = DEFAULT_SOFTABS_ALPHA) -> RiemannianMetric:
+    """SoftAbs metric of the Hessian of ``-logdensity_fn`` (a function of the flat position)."""
+    hessian = jax.hessian(lambda x: -logdensity_fn(x))
+
+    def decompose(x):
+        h = hessian(x)
+        h = 0.5 * (h + h.T)
+        eigenvalues, vectors = jnp.linalg.eigh(h)
+        g, dg = _softabs_values(eigenvalues, alpha)
+        return eigenvalues, vectors, g, dg
+
+    def sample_momentum(rng_key, x):
+        _, vectors, g, _ = decompose(x)
+        z = jax.random.normal(rng_key, x.shape, x.dtype)
+        return vectors @ (jnp.sqrt(g) * z)
+
+    def kinetic_energy(x, p):
+        _, vectors, g, _ = decompose(x)
+        rotated = vectors.T @ p
+        return 0.5 * jnp.sum(jnp.log(g)) + 0.5 * jnp.sum(rotated**2 / g)
+
+    def kinetic_energy_grad(x, p):
+        eigenvalues, vectors, g, dg = decompose(x)
+        # Divided differences J_ij = (g_i - g_j) / (lambda_i - lambda_j), g'(lambda_i) on ties:
+        # dG/dx_k = Q (J o (Q^T dHess/dx_k Q)) Q^T.
+        diff = eigenvalues[:, None] - eigenvalues[None, :]
+        close = jnp.abs(diff) <= 1e-10 * (1.0 + jnp.abs(eigenvalues[:, None]))
+        divided = jnp.where(close, dg[:, None], (g[:, None] - g[None, :]) / jnp.where(close, 1.0, diff))
+        v = (vectors.T @ p) / g
+        # dK/dx_k = sum_ab dHess_ab/dx_k B_ab with B = Q W Q^T, W = 0.5 diag(J_ii / g_i) - 0.5 J o v v^T.
+        weights = 0.5 * jnp.diag(jnp.diag(divided) / g) - 0.5 * divided * jnp.outer(v, v)
+        contraction = jax.lax.stop_gradient(vectors @ weights @ vectors.T)
+        grad_x = jax.grad(lambda y: jnp.vdot(hessian(y), contraction))(x)
+        return grad_x, vectors @ v
+
+    def matrix(x):
+        _, vectors, g, _ = decompose(x)
+        return (vectors * g) @ vectors.T
+
+    return RiemannianMetric(sample_momentum, kinetic_energy, kinetic_energy_grad, matrix)
+
+
+def resolve_metric(metric, softabs_alpha: float = DEFAULT_SOFTABS_ALPHA):
+    """``metric`` argument -> ``ConstantMetric`` or ``logdensity_flat -> RiemannianMetric`` builder."""
+    if not softabs_alpha > 0:
+        raise ValueError(f"softabs_alpha must be > 0 (larger = closer to |Hessian|); got {softabs_alpha!r}.")
+    if isinstance(metric, str):
+        if metric != "softabs":
+            raise ValueError(
+                f"metric must be 'softabs', a callable flat_position -> (d, d) matrix, "
+                f"fisher_logistic_metric(X) or constant_metric(matrix); got {metric!r}."
+            )
+        return lambda logdensity_flat: softabs_metric(logdensity_flat, softabs_alpha)
+    if isinstance(metric, ConstantMetric):
+        return metric
+    if callable(metric):
+        return lambda logdensity_flat: riemannian_from_callable(metric)
+    raise ValueError(
+        f"metric must be 'softabs', a callable flat_position -> (d, d) matrix, fisher_logistic_metric(X) "
+        f"or constant_metric(matrix); got {type(metric).__name__}."
+    )
