@@ -18,8 +18,9 @@ Three kinds (the names the PyMC adapter uses too):
   which stay finite when eigenvalues coincide (autodiff through ``eigh``
   does not: Neal's funnel has a repeated eigenvalue everywhere).
 * a callable ``flat_position -> (d, d)`` matrix, e.g.
-  :func:`fisher_logistic_metric`; BlackJAX's ``metrics.gaussian_riemannian``
-  supplies the momentum draw and kinetic energy, JAX autodiff its gradient.
+  :func:`fisher_logistic_metric`; its derivative tensor comes from
+  ``jax.jacfwd`` and the kinetic energy matches BlackJAX's
+  ``metrics.gaussian_riemannian`` (tested).
 * :func:`constant_metric`: not Riemannian at all; the engine runs plain HMC
   with the dense inverse mass matrix ``G^{-1}`` (no implicit solver), so it
   costs what dense-metric HMC costs.
@@ -32,8 +33,6 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-import blackjax.mcmc.metrics as bj_metrics
 
 __all__ = [
     "DEFAULT_SOFTABS_ALPHA",
@@ -49,17 +48,23 @@ DEFAULT_SOFTABS_ALPHA = 1e6  # the softness Betancourt (2013) uses in his exampl
 
 
 class RiemannianMetric(NamedTuple):
-    """What the implicit integrator needs from G(x), on flat vectors.
+    """What the generalized leapfrog needs from G(x), on flat vectors.
 
-    sample_momentum(rng_key, x) -> p ~ N(0, G(x))
-    kinetic_energy(x, p) -> K(x, p)
-    kinetic_energy_grad(x, p) -> (dK/dx, dK/dp)
-    matrix(x) -> G(x)   (for checks and diagnostics)
+    at(x) -> cache                  G(x) factorized, with its x-derivatives (the costly part)
+    sample_momentum(cache, key)     p ~ N(0, G(x))
+    kinetic_energy(cache, p)        K(x, p), BlackJAX's normalization (log(2 pi) terms included)
+    velocity(cache, p)              dK/dp = G(x)^{-1} p
+    kinetic_grad_x(cache, p)        dK/dx = 0.5 tr(G^{-1} dG/dx_k) - 0.5 p^T G^{-1} dG/dx_k G^{-1} p
+    velocity_at(x, p)               G(x)^{-1} p without derivatives (the position solve)
+    matrix(x)                       G(x)
     """
 
+    at: Callable
     sample_momentum: Callable
     kinetic_energy: Callable
-    kinetic_energy_grad: Callable
+    velocity: Callable
+    kinetic_grad_x: Callable
+    velocity_at: Callable
     matrix: Callable
 
 
@@ -132,19 +137,41 @@ def check_metric_at(metric_fn: Callable, flat_position) -> None:
     _check_spd("metric(x) at the initial position", value)
 
 
+def _log_2pi_term(dim, dtype):
+    return 0.5 * dim * jnp.log(2.0 * jnp.pi).astype(dtype)
+
+
 def riemannian_from_callable(metric_fn: Callable) -> RiemannianMetric:
-    """A user metric G(x): BlackJAX's Gaussian-Riemannian momentum, autodiff gradients."""
-    metric = bj_metrics.gaussian_riemannian(metric_fn)
+    """A user metric G(x): Cholesky factor and the (d, d, d) derivative tensor by ``jax.jacfwd``."""
+    derivative = jax.jacfwd(metric_fn)
 
-    def kinetic_energy(x, p):
-        return metric.kinetic_energy(p, position=x)
+    def at(x):
+        g = metric_fn(x)
+        chol = jnp.linalg.cholesky(g)
+        inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(x.shape[0], dtype=x.dtype))
+        dg = derivative(x)  # dg[i, j, k] = dG_ij / dx_k
+        return {"chol": chol, "dg": dg, "trace": 0.5 * jnp.einsum("ji,ijk->k", inverse, dg)}
 
-    return RiemannianMetric(
-        sample_momentum=metric.sample_momentum,
-        kinetic_energy=kinetic_energy,
-        kinetic_energy_grad=jax.grad(kinetic_energy, argnums=(0, 1)),
-        matrix=metric_fn,
-    )
+    def sample_momentum(cache, rng_key):
+        chol = cache["chol"]
+        return chol @ jax.random.normal(rng_key, chol.shape[:1], chol.dtype)
+
+    def kinetic_energy(cache, p):
+        chol = cache["chol"]
+        z = jax.scipy.linalg.solve_triangular(chol, p, lower=True)
+        return jnp.sum(jnp.log(jnp.diag(chol))) + 0.5 * jnp.sum(z**2) + _log_2pi_term(p.shape[0], p.dtype)
+
+    def velocity(cache, p):
+        return jax.scipy.linalg.cho_solve((cache["chol"], True), p)
+
+    def kinetic_grad_x(cache, p):
+        u = velocity(cache, p)
+        return cache["trace"] - 0.5 * jnp.einsum("i,ijk,j->k", u, cache["dg"], u)
+
+    def velocity_at(x, p):
+        return jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(metric_fn(x)), True), p)
+
+    return RiemannianMetric(at, sample_momentum, kinetic_energy, velocity, kinetic_grad_x, velocity_at, metric_fn)
 
 
 def _softabs_values(eigenvalues, alpha):
@@ -160,43 +187,50 @@ def _softabs_values(eigenvalues, alpha):
 def softabs_metric(logdensity_fn: Callable, alpha: float = DEFAULT_SOFTABS_ALPHA) -> RiemannianMetric:
     """SoftAbs metric of the Hessian of ``-logdensity_fn`` (a function of the flat position)."""
     hessian = jax.hessian(lambda x: -logdensity_fn(x))
+    third = jax.jacfwd(hessian)  # third[a, b, k] = d Hess_ab / dx_k
 
     def decompose(x):
         h = hessian(x)
-        h = 0.5 * (h + h.T)
-        eigenvalues, vectors = jnp.linalg.eigh(h)
+        eigenvalues, vectors = jnp.linalg.eigh(0.5 * (h + h.T))
         g, dg = _softabs_values(eigenvalues, alpha)
         return eigenvalues, vectors, g, dg
 
-    def sample_momentum(rng_key, x):
-        _, vectors, g, _ = decompose(x)
-        z = jax.random.normal(rng_key, x.shape, x.dtype)
-        return vectors @ (jnp.sqrt(g) * z)
-
-    def kinetic_energy(x, p):
-        _, vectors, g, _ = decompose(x)
-        rotated = vectors.T @ p
-        return 0.5 * jnp.sum(jnp.log(g)) + 0.5 * jnp.sum(rotated**2 / g)
-
-    def kinetic_energy_grad(x, p):
+    def at(x):
         eigenvalues, vectors, g, dg = decompose(x)
-        # Divided differences J_ij = (g_i - g_j) / (lambda_i - lambda_j), g'(lambda_i) on ties:
-        # dG/dx_k = Q (J o (Q^T dHess/dx_k Q)) Q^T.
+        # dG/dx_k = Q (J o (Q^T dHess/dx_k Q)) Q^T with the divided differences
+        # J_ij = (g_i - g_j) / (lambda_i - lambda_j), and g'(lambda_i) on (near) ties.
         diff = eigenvalues[:, None] - eigenvalues[None, :]
         close = jnp.abs(diff) <= 1e-10 * (1.0 + jnp.abs(eigenvalues[:, None]))
         divided = jnp.where(close, dg[:, None], (g[:, None] - g[None, :]) / jnp.where(close, 1.0, diff))
-        v = (vectors.T @ p) / g
-        # dK/dx_k = sum_ab dHess_ab/dx_k B_ab with B = Q W Q^T, W = 0.5 diag(J_ii / g_i) - 0.5 J o v v^T.
-        weights = 0.5 * jnp.diag(jnp.diag(divided) / g) - 0.5 * divided * jnp.outer(v, v)
-        contraction = jax.lax.stop_gradient(vectors @ weights @ vectors.T)
-        grad_x = jax.grad(lambda y: jnp.vdot(hessian(y), contraction))(x)
-        return grad_x, vectors @ v
+        rotated = jnp.einsum("ai,abk,bj->ijk", vectors, third(x), vectors) * divided[:, :, None]
+        trace = 0.5 * jnp.einsum("iik,i->k", rotated, 1.0 / g)
+        return {"vectors": vectors, "g": g, "rotated": rotated, "trace": trace}
+
+    def sample_momentum(cache, rng_key):
+        g = cache["g"]
+        return cache["vectors"] @ (jnp.sqrt(g) * jax.random.normal(rng_key, g.shape, g.dtype))
+
+    def kinetic_energy(cache, p):
+        g = cache["g"]
+        w = cache["vectors"].T @ p
+        return 0.5 * jnp.sum(jnp.log(g)) + 0.5 * jnp.sum(w**2 / g) + _log_2pi_term(p.shape[0], p.dtype)
+
+    def velocity(cache, p):
+        return cache["vectors"] @ ((cache["vectors"].T @ p) / cache["g"])
+
+    def kinetic_grad_x(cache, p):
+        v = (cache["vectors"].T @ p) / cache["g"]
+        return cache["trace"] - 0.5 * jnp.einsum("i,ijk,j->k", v, cache["rotated"], v)
+
+    def velocity_at(x, p):
+        _, vectors, g, _ = decompose(x)
+        return vectors @ ((vectors.T @ p) / g)
 
     def matrix(x):
         _, vectors, g, _ = decompose(x)
         return (vectors * g) @ vectors.T
 
-    return RiemannianMetric(sample_momentum, kinetic_energy, kinetic_energy_grad, matrix)
+    return RiemannianMetric(at, sample_momentum, kinetic_energy, velocity, kinetic_grad_x, velocity_at, matrix)
 
 
 def resolve_metric(metric, softabs_alpha: float = DEFAULT_SOFTABS_ALPHA):
