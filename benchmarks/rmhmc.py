@@ -13,7 +13,12 @@ Samplers (4 chains, the same starting points, ``init + Uniform(-2, 2)``):
   the box eps* x (0.5, 2), L in [1, ceil(4 pi / eps*)]; infinite adaptation).
 * ``rmhmc_fixed_0.5x6`` / ``rmhmc_fixed_0.25x6``: the same RMHMC kernel with
   hand-set eps = 0.5 (or 0.25) and L = 6 leapfrog steps every iteration (no
-  jitter, no adaptation); its "warm-up" is burn-in of the same length.
+  jitter, no adaptation); its "warm-up" is burn-in of the same length.  It
+  starts where ARMHMC's warm-up ended (ARMHMC's first kept draw of each
+  chain): from the Uniform(-2, 2) starts both settings stayed stuck (the
+  implicit solves diverge where the Fisher metric is nearly singular; no
+  proposal was accepted on pima in a first quick run), which would measure
+  the start rather than the step size.
 * ``blackjax_nuts`` (funnel only): ``benchmarks.samplers.run_blackjax_nuts``
   (window adaptation, diagonal mass matrix).
 
@@ -190,10 +195,14 @@ def run(args) -> dict[str, Any]:
         model = funnel_model() if name == "funnel" else get_model(name)
         positions = initial_positions(model, args.chains, args.seed)
         metric = metric_for(name)
+        armhmc_first_draws = None
         for sampler in PLAN[name]:
             key = jax.random.fold_in(jax.random.key(args.seed), len(name))
             print(f"{name} / {sampler} ...", flush=True)
-            out = SAMPLERS[sampler](key, model, positions, num_warmup, num_samples, metric)
+            starts = armhmc_first_draws if sampler.startswith("rmhmc_fixed") else positions
+            out = SAMPLERS[sampler](key, model, starts, num_warmup, num_samples, metric)
+            if sampler == "armhmc":
+                armhmc_first_draws = out.draws[:, 0]
             draws = funnel_features(out.draws) if name == "funnel" else out.draws
             summary = summarize(draws, out.num_grads_warmup, out.num_grads_sampling, out.num_divergent_warmup,
                                 out.num_divergent_sampling, warmup_s=out.timing["warmup_s"],
@@ -203,6 +212,85 @@ def run(args) -> dict[str, Any]:
             print(f"  min ESS {summary['ess_bulk']['min']:.0f}, per unit {summary['ess_per_grad']['min']:.4f}, "
                   f"per s {summary['ess_per_second']['min']:.1f}, {out.extra}", flush=True)
     return results
+
+
+COST_DIMS = (2, 5, 10, 20, 40, 80)
+
+
+def cost_scaling(dims=COST_DIMS, repeats: int = 200) -> dict[str, Any]:
+    """Seconds per leapfrog step: RMHMC (SoftAbs, Fisher) against HMC, as the dimension grows.
+
+    One chain, one leapfrog step per transition (``num_integration_steps = 1``),
+    ``repeats`` transitions in a compiled ``lax.scan``; funnel-like target for
+    SoftAbs, logistic regression with 500 synthetic rows for Fisher.
+    """
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    import blackjax
+    from ahmc.adapters._jax_rmhmc import transition_kernel
+    from ahmc.adapters.blackjax import fisher_logistic_metric
+
+    def timed(kernel, logdensity_fn, position, inverse_mass_matrix=None):
+        state = blackjax.mcmc.hmc.init(position, logdensity_fn)
+
+        def loop(state, key):
+            def body(state, k):
+                state, info = kernel(k, state, logdensity_fn, 0.1, inverse_mass_matrix, 1)
+                return state, info.acceptance_rate
+            return jax.lax.scan(body, state, jax.random.split(key, repeats))
+
+        compiled = jax.jit(loop).lower(state, jax.random.key(0)).compile()
+        jax.block_until_ready(compiled(state, jax.random.key(1)))
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(state, jax.random.key(2)))
+        return (time.perf_counter() - start) / repeats
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for dim in dims:
+        funnel = funnel_model(dim).logdensity_fn
+        design = rng.normal(size=(500, dim))
+        labels = (rng.uniform(size=500) < 0.5).astype(np.float64)
+
+        def logistic(beta, design=design, labels=labels):
+            eta = jnp.asarray(design) @ beta
+            return jnp.sum(labels * eta - jax.nn.softplus(eta)) - 0.5 * jnp.sum(beta**2) / 100.0
+
+        start = jnp.asarray(0.1 * rng.normal(size=dim))
+        hmc_kernel = blackjax.mcmc.hmc.build_kernel()
+        row = {
+            "dim": dim,
+            "hmc_funnel_s": timed(hmc_kernel, funnel, start, jnp.ones(dim)),
+            "softabs_funnel_s": timed(transition_kernel("softabs"), funnel, start),
+            "hmc_logistic_s": timed(hmc_kernel, logistic, start, jnp.ones(dim)),
+            "fisher_logistic_s": timed(transition_kernel(fisher_logistic_metric(design)), logistic, start),
+        }
+        rows.append(row)
+        print(row, flush=True)
+    return {"repeats": repeats, "rows": rows}
+
+
+def cost_markdown(cost: dict[str, Any], command: str) -> str:
+    lines = [
+        "# Seconds per leapfrog step: RMHMC against HMC",
+        "",
+        f"Command: `{command}`  ",
+        "One chain, one leapfrog step per transition, compiled scan of "
+        f"{cost['repeats']} transitions, float64, 2 shared CPU cores. Ratio = RMHMC / HMC time.",
+        "",
+        "| d | HMC funnel (us) | SoftAbs funnel (us) | ratio | HMC logistic (us) | Fisher logistic (us) | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in cost["rows"]:
+        lines.append(
+            f"| {r['dim']} | {1e6 * r['hmc_funnel_s']:.0f} | {1e6 * r['softabs_funnel_s']:.0f} "
+            f"| {r['softabs_funnel_s'] / r['hmc_funnel_s']:.0f} | {1e6 * r['hmc_logistic_s']:.0f} "
+            f"| {1e6 * r['fisher_logistic_s']:.0f} | {r['fisher_logistic_s'] / r['hmc_logistic_s']:.0f} |"
+        )
+    return "\n".join(lines)
 
 
 def markdown(results: dict[str, Any], command: str) -> str:
@@ -244,6 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--cost", action="store_true",
+                        help="only time one leapfrog step against HMC for d in 2..80 (rmhmc_cost.json)")
     args = parser.parse_args(argv)
     unknown = set(args.models) - set(PLAN)
     if unknown:
@@ -252,10 +342,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    command = shlex.join(["python", "-m", "benchmarks.rmhmc", *argv])
+    if args.cost:
+        cost = cost_scaling()
+        cost["environment"] = {**environment(argparse.Namespace(seed=args.seed), argv), "command": command}
+        output = args.output or RESULTS / "rmhmc_cost.json"
+        output.write_text(json.dumps(cost, indent=1) + "\n")
+        output.with_suffix(".md").write_text(cost_markdown(cost, command) + "\n")
+        print(cost_markdown(cost, command))
+        return cost
     results = run(args)
     env_args = argparse.Namespace(seed=args.seed)
     results["environment"] = environment(env_args, argv)
-    command = shlex.join(["python", "-m", "benchmarks.rmhmc", *argv])
     results["environment"]["command"] = command
     output = args.output or RESULTS / f"rmhmc_{'quick' if args.quick else 'full'}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
