@@ -116,7 +116,9 @@ class FisherLogisticMetric:
             weights = s * (1.0 - s)
             g = (design.T * weights) @ design + jnp.eye(x.shape[0], dtype=x.dtype) / self.prior_variance
             chol = jnp.linalg.cholesky(g)
-            leverage = jnp.sum(jax.scipy.linalg.solve_triangular(chol, design.T, lower=True) ** 2, axis=0)
+            inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(x.shape[0], dtype=x.dtype))
+            leverage = jnp.sum((design @ inverse) * design, axis=1)  # X_n G^{-1} X_n^T (a matmul: XLA's
+            # triangular solve with 500 right-hand sides was 35x slower on CPU)
             slope = weights * (1.0 - 2.0 * s)
             return {"chol": chol, "slope": slope, "trace": 0.5 * design.T @ (leverage * slope)}
 

@@ -13,6 +13,9 @@ Three entry points, in BlackJAX's conventions:
   probability (the paper's "infinite adaptation", section 4), unless
   ``freeze_after`` stops it.
 * :func:`run_chains` -- warm-up + sampling in one call, for scripts and benchmarks.
+* Riemann-manifold HMC: :func:`gpucb_rmhmc_adaptation`, :func:`uniform_steps_rmhmc`,
+  :func:`adaptive_rmhmc`, :func:`run_rmhmc_chains` (same knobs plus ``metric``;
+  see the section at the end of this module).
 
 Chains live on a leading axis of ``positions`` and advance together: with the
 default ``pooled=True`` they share one tuner (the chain-mean reward enters the
