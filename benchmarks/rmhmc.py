@@ -80,7 +80,7 @@ def _split(info_field, is_warmup):
     return np.where(is_warmup, values, 0).sum(axis=0), np.where(is_warmup, 0, values).sum(axis=0)
 
 
-def run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+def run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     import jax.numpy as jnp
 
     from ahmc.adapters.blackjax import run_rmhmc_chains
@@ -88,7 +88,7 @@ def run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric) -> Sa
     clock = CompileClock()
     with clock.phase("run"):
         samples, info = _block(run_rmhmc_chains(rng_key, model.logdensity_fn, jnp.asarray(positions),
-                                                num_warmup, num_samples, metric=metric))
+                                                num_warmup, num_samples, metric=metric, **options))
     is_warmup = np.asarray(info.is_warmup, dtype=bool)
     units_warmup, units_sampling = _split(info.num_gradient_evals, is_warmup)
     divergent_warmup, divergent_sampling = _split(info.is_divergent, is_warmup)
@@ -169,7 +169,13 @@ def _fixed(step_size, num_steps):
     return runner
 
 
-SAMPLERS = {"armhmc": run_armhmc, "blackjax_nuts": _nuts,
+def _armhmc_paper_box(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+    """ARMHMC in the paper's box for logistic regression (section 5.1): eps in [0.1, 1], L in {1..12}."""
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric,
+                      step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 12))
+
+
+SAMPLERS = {"armhmc": run_armhmc, "armhmc_paper_box": _armhmc_paper_box, "blackjax_nuts": _nuts,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
 PLAN = {"pima": LOGISTIC_PLAN, "ripley": LOGISTIC_PLAN, "breast_cancer": LOGISTIC_PLAN,
@@ -196,7 +202,7 @@ def run(args) -> dict[str, Any]:
         positions = initial_positions(model, args.chains, args.seed)
         metric = metric_for(name)
         armhmc_first_draws = None
-        for sampler in PLAN[name]:
+        for sampler in args.samplers or PLAN[name]:
             key = jax.random.fold_in(jax.random.key(args.seed), len(name))
             print(f"{name} / {sampler} ...", flush=True)
             starts = armhmc_first_draws if sampler.startswith("rmhmc_fixed") else positions
@@ -329,6 +335,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.rmhmc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="500 + 1000 draws per chain (default 1000 + 2000)")
     parser.add_argument("--models", type=lambda t: t.split(","), default=list(PLAN))
+    parser.add_argument("--samplers", type=lambda t: t.split(","), default=None,
+                        help=f"subset of each model's plan, or extra ones ({', '.join(SAMPLERS)})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--output", type=Path, default=None)
@@ -338,6 +346,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = set(args.models) - set(PLAN)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; known: {', '.join(PLAN)}")
+    if args.samplers and set(args.samplers) - set(SAMPLERS):
+        parser.error(f"unknown samplers {sorted(set(args.samplers) - set(SAMPLERS))}; known: {', '.join(SAMPLERS)}")
 
     import jax
 
