@@ -125,6 +125,8 @@ class EngineInfo(NamedTuple):
     arm_changed            the tuner moved the arm at the end of this iteration
     adapt_probability      p_i in effect (the latest update's)
     is_warmup              the iteration belongs to warm-up
+    fixed_point_converged  RMHMC: every implicit solve converged (always True for HMC)
+    num_gradient_evals     log-density gradients (+ metric evaluations for RMHMC) of the transition
     """
 
     step_size: Any
@@ -140,6 +142,8 @@ class EngineInfo(NamedTuple):
     arm_changed: Any
     adapt_probability: Any
     is_warmup: Any
+    fixed_point_converged: Any
+    num_gradient_evals: Any
 
 
 class EngineConfig(NamedTuple):
@@ -222,6 +226,7 @@ def build_engine(
     delta: float = 0.1,
     integrator: Callable = integrators.velocity_verlet,
     divergence_threshold: float = 1000.0,
+    kernel: Callable | None = None,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
 
@@ -285,6 +290,11 @@ def build_engine(
         GP updates).
     integrator, divergence_threshold
         Passed to :func:`blackjax.mcmc.hmc.build_kernel`.
+    kernel
+        Replaces that HMC kernel: same signature, ``(rng_key, HMCState,
+        logdensity_fn, step_size, inverse_mass_matrix, num_integration_steps)
+        -> (HMCState, info)``; ``info`` may carry ``fixed_point_converged`` and
+        ``num_gradient_evals`` (RMHMC, :mod:`ahmc.adapters._jax_rmhmc`).
     """
     if not callable(logdensity_fn):
         raise ValueError("logdensity_fn must be callable: position -> scalar log density.")
@@ -367,7 +377,7 @@ def build_engine(
         is_window_end = np.zeros(1, bool)
     is_slow, is_window_end = jnp.asarray(is_slow), jnp.asarray(is_window_end)
 
-    hmc_kernel = hmc.build_kernel(integrator, divergence_threshold)
+    hmc_kernel = hmc.build_kernel(integrator, divergence_threshold) if kernel is None else kernel
     da_init_raw, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
     mm_init_raw, mm_update, mm_final_raw = mass_matrix_adaptation(is_diagonal_matrix=True)
 
@@ -583,6 +593,8 @@ def build_engine(
             reward=reward, round=jnp.broadcast_to(round_index, (num_chains,)), arm_changed=changed,
             adapt_probability=jnp.broadcast_to(p, (num_chains,)),
             is_warmup=jnp.broadcast_to(it < num_warmup, (num_chains,)),
+            fixed_point_converged=getattr(hmc_info, "fixed_point_converged", jnp.ones((num_chains,), bool)),
+            num_gradient_evals=getattr(hmc_info, "num_gradient_evals", num_taken).astype(jnp.int32),
         )
         return new_state, info
 

@@ -13,6 +13,9 @@ Three entry points, in BlackJAX's conventions:
   probability (the paper's "infinite adaptation", section 4), unless
   ``freeze_after`` stops it.
 * :func:`run_chains` -- warm-up + sampling in one call, for scripts and benchmarks.
+* Riemann-manifold HMC: :func:`gpucb_rmhmc_adaptation`, :func:`uniform_steps_rmhmc`,
+  :func:`adaptive_rmhmc`, :func:`run_rmhmc_chains` (same knobs plus ``metric``;
+  see the section at the end of this module).
 
 Chains live on a leading axis of ``positions`` and advance together: with the
 default ``pooled=True`` they share one tuner (the chain-mean reward enters the
@@ -54,6 +57,8 @@ from ahmc.core import TunerState
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, _scan, build_engine
 from ._jax_engine import sample as _sample
+from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
+from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMCInfo, build_rmhmc_engine, transition_kernel
 
 __all__ = [
     "GPUCBAdaptationInfo",
@@ -61,6 +66,13 @@ __all__ = [
     "uniform_steps_hmc",
     "adaptive_hmc",
     "run_chains",
+    "gpucb_rmhmc_adaptation",
+    "uniform_steps_rmhmc",
+    "adaptive_rmhmc",
+    "run_rmhmc_chains",
+    "constant_metric",
+    "fisher_logistic_metric",
+    "RMHMCInfo",
     "EngineInfo",
     "EngineState",
     "SearchBox",
@@ -218,3 +230,125 @@ def run_chains(
     samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
                                **_options(paper_preset, options))
     return samples, info
+
+
+# --------------------------------------------------------------------------- #
+# Riemann-manifold HMC (Girolami & Calderhead 2011), the paper's second sampler
+# --------------------------------------------------------------------------- #
+#
+# Same knobs as the HMC entry points, plus ``metric`` ("softabs" (default), a
+# callable flat_position -> (d, d) matrix, fisher_logistic_metric(X) or
+# constant_metric(G)), ``softabs_alpha`` (1e6), ``fixed_point_tolerance``
+# (max-abs change of the iterates; None = 1e-6 in float64, 1e-4 in float32) and
+# ``max_fixed_point_iterations`` (30).  ``adapt_mass_matrix`` and
+# ``inverse_mass_matrix`` do not apply (G(x) is the metric).
+
+
+def uniform_steps_rmhmc(
+    logdensity_fn: Callable,
+    step_size: float,
+    num_integration_steps: int,
+    *,
+    metric: Any = "softabs",
+    softabs_alpha: float = DEFAULT_SOFTABS_ALPHA,
+    fixed_point_tolerance: float | None = None,
+    max_fixed_point_iterations: int = DEFAULT_MAX_FIXED_POINT_ITERATIONS,
+    divergence_threshold: float = 1000.0,
+) -> SamplingAlgorithm:
+    """RMHMC drawing its number of leapfrog steps uniformly from ``{1..num_integration_steps}``.
+
+    The kernel ARMHMC tunes, for one chain: ``init(position) -> HMCState``,
+    ``step(rng_key, state) -> (HMCState, RMHMCInfo)``.  A fixed-point solve
+    that does not converge rejects the proposal (``info.fixed_point_converged``
+    is False).  With ``metric=constant_metric(G)`` it is plain HMC with the
+    dense inverse mass matrix ``G^{-1}`` (``info`` is then BlackJAX's ``HMCInfo``).
+
+    Examples
+    --------
+    >>> (state, parameters), _ = gpucb_rmhmc_adaptation(logdensity_fn).run(key, positions, 500)  # doctest: +SKIP
+    >>> kernel = uniform_steps_rmhmc(logdensity_fn, **parameters)                               # doctest: +SKIP
+    >>> state, info = jax.vmap(kernel.step)(jax.random.split(key, num_chains), state)           # doctest: +SKIP
+    """
+    kernel = transition_kernel(metric, softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,
+                               max_fixed_point_iterations=max_fixed_point_iterations,
+                               divergence_threshold=divergence_threshold)
+    max_steps = jnp.asarray(num_integration_steps, jnp.int32)
+
+    def init(position, rng_key=None):
+        del rng_key
+        return blackjax.mcmc.hmc.init(position, logdensity_fn)
+
+    def step(rng_key, state):
+        key_steps, key_kernel = jax.random.split(rng_key)
+        num = jax.random.randint(key_steps, (), 1, max_steps + 1)
+        return kernel(key_kernel, state, logdensity_fn, step_size, None, num)
+
+    return SamplingAlgorithm(init, step)
+
+
+def _rmhmc_parameters(engine, state) -> dict:
+    parameters = engine.parameters(state)
+    return {"step_size": parameters["step_size"], "num_integration_steps": parameters["num_integration_steps"]}
+
+
+def gpucb_rmhmc_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **options) -> AdaptationAlgorithm:
+    """Warm up adaptive RMHMC: dual averaging of the step size, then GP-UCB over ``(eps, L)``.
+
+    ``run(rng_key, positions, num_steps=1000) -> (AdaptationResults(state, parameters), GPUCBAdaptationInfo)``
+    as :func:`gpucb_adaptation`; ``state`` is a batched ``HMCState`` and
+    ``parameters`` (``step_size``, ``num_integration_steps``) plug into
+    :func:`uniform_steps_rmhmc` together with the same ``metric`` options.
+    """
+    options = _options(paper_preset, options)
+
+    def run(rng_key, positions, num_steps: int = 1000):
+        engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_steps, **options)
+        init_key, run_key = jax.random.split(rng_key)
+        state = engine.init(positions, init_key)
+        state, info = _scan(engine.step, run_key, state, num_steps, False)
+        chain_state = blackjax.mcmc.hmc.HMCState(state.position, state.logdensity, state.logdensity_grad)
+        results = AdaptationResults(chain_state, _rmhmc_parameters(engine, state))
+        return results, GPUCBAdaptationInfo(info, state.box, state.tuner, state)
+
+    return AdaptationAlgorithm(run)
+
+
+def adaptive_rmhmc(
+    logdensity_fn: Callable,
+    *,
+    num_warmup: int = 1000,
+    paper_preset: bool = False,
+    **options,
+) -> SamplingAlgorithm:
+    """Adaptive RMHMC (ARMHMC) as a ``SamplingAlgorithm(init, step)``; see :func:`adaptive_hmc`.
+
+    ``EngineInfo.fixed_point_converged`` reports failed implicit solves (those
+    proposals are rejected) and ``EngineInfo.num_gradient_evals`` counts
+    log-density gradients plus metric evaluations.
+    """
+    engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **_options(paper_preset, options))
+    return SamplingAlgorithm(engine.init, engine.step)
+
+
+def run_rmhmc_chains(
+    rng_key,
+    logdensity_fn: Callable,
+    positions,
+    num_warmup: int = 1000,
+    num_samples: int = 1000,
+    *,
+    paper_preset: bool = False,
+    **options,
+) -> tuple[Any, EngineInfo]:
+    """Warm up and sample with :func:`adaptive_rmhmc`; returns ``(samples, info)`` as :func:`run_chains`.
+
+    Cost: ``info.num_gradient_evals`` (gradients + metric evaluations), not
+    ``num_integration_steps``.
+    """
+    engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **_options(paper_preset, options))
+    init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
+    state = engine.init(positions, init_key)
+    state, warm_info = _scan(engine.step, warm_key, state, num_warmup, False)
+    state, (draws, sample_info) = _scan(engine.step, sample_key, state, num_samples, True)
+    info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), draws), info

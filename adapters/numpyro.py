@@ -28,8 +28,11 @@ from numpyro.infer.util import initialize_model  # noqa: E402
 from numpyro.util import identity, is_prng_key  # noqa: E402
 
 from ._jax_engine import EngineState, build_engine  # noqa: E402
+from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
+from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, build_rmhmc_engine  # noqa: E402
 
-__all__ = ["AdaptiveHMC", "AdaptiveHMCState"]
+__all__ = ["AdaptiveHMC", "AdaptiveHMCState", "AdaptiveRMHMC", "AdaptiveRMHMCState", "constant_metric",
+           "fisher_logistic_metric"]
 
 
 class AdaptiveHMCState(NamedTuple):
@@ -101,6 +104,7 @@ class AdaptiveHMC(MCMCKernel):
     """
 
     sample_field = "z"
+    _state_class = AdaptiveHMCState
 
     def __init__(self, model=None, potential_fn=None, *, init_strategy: Callable = init_to_uniform, **options):
         if (model is None) == (potential_fn is None):
@@ -114,7 +118,7 @@ class AdaptiveHMC(MCMCKernel):
         self._postprocess_fn = None
         self._sample_fn = None
         self._vectorized = False
-        build_engine(lambda x: -jnp.sum(x**2), num_warmup=100, **self._options)  # validate knobs now
+        self._build_engine(lambda x: -jnp.sum(x**2), num_warmup=100, **self._options)  # validate knobs now
 
     @property
     def model(self):
@@ -147,8 +151,16 @@ class AdaptiveHMC(MCMCKernel):
         # Built inside NumPyro's jitted loop (model args may be traced): the engine's static
         # schedules must stay concrete NumPy values.
         with jax.ensure_compile_time_eval():
-            return build_engine(self._logdensity_fn(model_args, model_kwargs), num_warmup=self._num_warmup,
-                                **self._options)
+            return self._build_engine(self._logdensity_fn(model_args, model_kwargs), num_warmup=self._num_warmup,
+                                      **self._options)
+
+    @staticmethod
+    def _build_engine(logdensity_fn, **options):
+        return build_engine(logdensity_fn, **options)
+
+    def _extra_fields(self, info, batch, dtype):
+        """Per-draw fields a subclass adds to the state (``info`` is None at init)."""
+        return {}
 
     def _discrete_sites(self, rng_key, model_args, model_kwargs):
         """Names of latent sites with a discrete support (best effort: improper priors cannot be traced)."""
@@ -199,13 +211,13 @@ class AdaptiveHMC(MCMCKernel):
         self._sample_fn = self._sample
         batch = engine_state.logdensity.shape
         nan = jnp.full(batch, jnp.nan, engine_state.logdensity.dtype)
-        state = AdaptiveHMCState(
+        state = self._state_class(
             i=jnp.zeros(batch, jnp.int32), z=positions, potential_energy=-engine_state.logdensity, energy=nan,
             num_steps=jnp.zeros(batch, jnp.int32), accept_prob=nan, diverging=jnp.zeros(batch, bool),
             step_size=nan, max_steps=jnp.zeros(batch, jnp.int32), reward=nan,
             tuning_round=jnp.zeros(batch, jnp.int32), arm_changed=jnp.zeros(batch, bool),
             adapt_probability=jnp.ones(batch, engine_state.logdensity.dtype), engine=engine_state,
-            rng_key=rng_key,
+            rng_key=rng_key, **self._extra_fields(None, batch, engine_state.logdensity.dtype),
         )
         return state if self._vectorized else _unbatch(state)
 
@@ -219,12 +231,13 @@ class AdaptiveHMC(MCMCKernel):
         else:
             rng_key, step_key = jax.random.split(state.rng_key)
         engine_state, info = engine.step(step_key, state.engine)
-        new = AdaptiveHMCState(
+        new = self._state_class(
             i=(state.i + 1) if self._vectorized else (state.i + 1)[None], z=engine_state.position,
             potential_energy=-info.logdensity, energy=info.energy, num_steps=info.num_integration_steps,
             accept_prob=info.acceptance_rate, diverging=info.is_divergent, step_size=info.step_size,
             max_steps=info.num_steps, reward=info.reward, tuning_round=info.round, arm_changed=info.arm_changed,
             adapt_probability=info.adapt_probability, engine=engine_state, rng_key=rng_key,
+            **self._extra_fields(info, info.logdensity.shape, info.logdensity.dtype),
         )
         return new if self._vectorized else _unbatch(new)
 
@@ -232,9 +245,86 @@ class AdaptiveHMC(MCMCKernel):
         return self._sample_fn(state, model_args, model_kwargs)
 
 
-def _unbatch(state: AdaptiveHMCState) -> AdaptiveHMCState:
+def _unbatch(state):
     """A single chain: drop the engine's chain axis of size 1 everywhere but in the engine state."""
     fields = {name: jax.tree.map(lambda x: x[0], value) for name, value in state._asdict().items()
               if name not in ("engine", "rng_key", "i")}
     i = state.i[0] if jnp.ndim(state.i) else state.i
-    return AdaptiveHMCState(i=i, engine=state.engine, rng_key=state.rng_key, **fields)
+    return type(state)(i=i, engine=state.engine, rng_key=state.rng_key, **fields)
+
+
+class AdaptiveRMHMCState(NamedTuple):
+    """State of :class:`AdaptiveRMHMC`: the fields of :class:`AdaptiveHMCState` plus
+
+    fixed_point_converged  every implicit solve of the transition converged (else it was rejected)
+    num_gradient_evals     log-density gradients + metric evaluations of the transition
+    """
+
+    i: Any
+    z: Any
+    potential_energy: Any
+    energy: Any
+    num_steps: Any
+    accept_prob: Any
+    diverging: Any
+    step_size: Any
+    max_steps: Any
+    reward: Any
+    tuning_round: Any
+    arm_changed: Any
+    adapt_probability: Any
+    engine: EngineState
+    rng_key: Any
+    fixed_point_converged: Any
+    num_gradient_evals: Any
+
+
+class AdaptiveRMHMC(AdaptiveHMC):
+    """Adaptive Riemann-manifold HMC (ARMHMC): GP-UCB tuning of ``(eps, L)`` for RMHMC.
+
+    Same knobs as :class:`AdaptiveHMC` (except ``adapt_mass_matrix`` and
+    ``inverse_mass_matrix``: the metric replaces them), plus
+
+    metric
+        ``"softabs"`` (default): SoftAbs of the Hessian of the potential
+        (Betancourt 2013); a callable ``flat_position -> (d, d)`` metric of the
+        flattened unconstrained position (sites in sorted-name order, as
+        ``jax.flatten_util.ravel_pytree`` flattens the dict); e.g.
+        ``fisher_logistic_metric(X)``; or ``constant_metric(G)`` (plain HMC
+        with the dense inverse mass matrix ``G^{-1}``, no implicit solver).
+    softabs_alpha
+        SoftAbs softness, default 1e6 (eigenvalues below ~1/alpha are lifted to 1/alpha).
+    fixed_point_tolerance, max_fixed_point_iterations
+        Implicit-midpoint solver: max-abs change of the iterates (default 1e-6
+        in float64, 1e-4 in float32) and iteration cap (30).  A solve that does
+        not converge rejects the proposal; ``fixed_point_converged`` says so per draw.
+
+    Extra fields: ``fixed_point_converged`` and ``num_gradient_evals``.
+
+    Examples
+    --------
+    >>> mcmc = MCMC(AdaptiveRMHMC(model), num_warmup=500, num_samples=1000)  # doctest: +SKIP
+    """
+
+    _state_class = AdaptiveRMHMCState
+
+    def __init__(self, model=None, potential_fn=None, *, init_strategy: Callable = init_to_uniform,
+                 metric: Any = "softabs", softabs_alpha: float = DEFAULT_SOFTABS_ALPHA,
+                 fixed_point_tolerance: float | None = None,
+                 max_fixed_point_iterations: int = DEFAULT_MAX_FIXED_POINT_ITERATIONS, **options):
+        super().__init__(model, potential_fn, init_strategy=init_strategy, metric=metric,
+                         softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,
+                         max_fixed_point_iterations=max_fixed_point_iterations, **options)
+
+    @staticmethod
+    def _build_engine(logdensity_fn, **options):
+        return build_rmhmc_engine(logdensity_fn, **options)
+
+    @property
+    def default_fields(self):
+        return super().default_fields + ("fixed_point_converged", "num_gradient_evals")
+
+    def _extra_fields(self, info, batch, dtype):
+        if info is None:
+            return {"fixed_point_converged": jnp.ones(batch, bool), "num_gradient_evals": jnp.zeros(batch, jnp.int32)}
+        return {"fixed_point_converged": info.fixed_point_converged, "num_gradient_evals": info.num_gradient_evals}

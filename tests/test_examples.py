@@ -38,3 +38,10 @@ def test_plot_tuning_example_writes_a_figure(tmp_path):
     output = tmp_path / "tuning.png"
     load("plot_tuning").main(output=output, num_warmup=200, num_samples=100)
     assert output.stat().st_size > 10_000
+
+
+def test_rmhmc_funnel_example_reaches_the_neck(capsys):
+    pytest.importorskip("numpyro")
+    v = load("rmhmc_funnel").main(num_warmup=200, num_samples=300)
+    assert "fixed-point solves converged" in capsys.readouterr().out
+    assert v.shape == (4, 300) and v.min() < -3.0  # P(v < -3) = 16%: a sampler stuck at the mouth fails

@@ -1,0 +1,379 @@
+"""Adaptive RMHMC (ARMHMC) against RMHMC with hand-set parameters and against NUTS.
+
+The paper's comparison (ICML 2013, Figure 2 bottom row) on the three logistic
+regressions (pima, ripley, breast_cancer; metric: expected Fisher information
+plus prior precision, ``fisher_logistic_metric(X, 100)`` with a column of ones
+for the intercept), and ARMHMC with the SoftAbs metric against BlackJAX NUTS
+on Neal's funnel in 10 dimensions (v ~ N(0, 3^2), x_i | v ~ N(0, exp(v/2)^2)).
+
+Samplers (4 chains, the same starting points, ``init + Uniform(-2, 2)``):
+
+* ``armhmc``: ``ahmc.adapters.blackjax.run_rmhmc_chains`` (default knobs:
+  dual averaging of eps for half the warm-up, then GP-UCB over (eps, L) in
+  the box eps* x (0.5, 2), L in [1, ceil(4 pi / eps*)]; infinite adaptation).
+* ``rmhmc_fixed_0.5x6`` / ``rmhmc_fixed_0.25x6``: the same RMHMC kernel with
+  hand-set eps = 0.5 (or 0.25) and L = 6 leapfrog steps every iteration (no
+  jitter, no adaptation); its "warm-up" is burn-in of the same length.  It
+  starts where ARMHMC's warm-up ended (ARMHMC's first kept draw of each
+  chain): from the Uniform(-2, 2) starts both settings stayed stuck (the
+  implicit solves diverge where the Fisher metric is nearly singular; no
+  proposal was accepted on pima in a first quick run), which would measure
+  the start rather than the step size.
+* ``blackjax_nuts`` (funnel only): ``benchmarks.samplers.run_blackjax_nuts``
+  (window adaptation, diagonal mass matrix).
+
+Cost: one unit per log-density gradient and one per metric evaluation
+(``EngineInfo.num_gradient_evals``; see ``ahmc.adapters._jax_rmhmc``); NUTS:
+one unit per leapfrog step.  ESS per unit and per second of the sampling
+phase (compilation excluded), minimum over coordinates.  For ``armhmc`` the
+sampling time is apportioned from one timed call by the units of each phase.
+
+    ./dev run python -m benchmarks.rmhmc [--quick] [--models pima,funnel]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .metrics import CompileClock, summarize
+from .models import Model, get_model, initial_positions, load_breast_cancer, load_pima, load_ripley, standardize
+from .run import environment
+from .samplers import SamplerRun, _as_float_list, _block, _timing, run_blackjax_nuts
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LOGISTIC = {"pima": load_pima, "ripley": load_ripley, "breast_cancer": load_breast_cancer}
+# Hand-set (eps, L): the brief's 0.5 x 6 (trajectory length 3), and a shorter, more cautious 0.25 x 6.
+FIXED = {"rmhmc_fixed_0.5x6": (0.5, 6), "rmhmc_fixed_0.25x6": (0.25, 6)}
+MODES = {"quick": (500, 1000), "full": (1000, 2000)}
+
+
+def funnel_model(dim: int = 10) -> Model:
+    import jax.numpy as jnp
+
+    def logdensity_fn(x):
+        v, rest = x[0], x[1:]
+        return -(v**2) / 18.0 - 0.5 * jnp.sum(rest**2) * jnp.exp(-v) - 0.5 * rest.shape[0] * v
+
+    return Model("funnel", logdensity_fn, dim, np.zeros(dim), f"Neal's funnel, d = {dim}")
+
+
+def metric_for(name: str):
+    from ahmc.adapters.blackjax import fisher_logistic_metric
+
+    if name == "funnel":
+        return "softabs"
+    features, _, _ = LOGISTIC[name]()
+    design = np.column_stack([np.ones(len(features)), standardize(np.asarray(features, dtype=np.float64))])
+    return fisher_logistic_metric(design, prior_variance=100.0)
+
+
+def _split(info_field, is_warmup):
+    values = np.asarray(info_field)
+    return np.where(is_warmup, values, 0).sum(axis=0), np.where(is_warmup, 0, values).sum(axis=0)
+
+
+def run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+    import jax.numpy as jnp
+
+    from ahmc.adapters.blackjax import run_rmhmc_chains
+
+    clock = CompileClock()
+    with clock.phase("run"):
+        samples, info = _block(run_rmhmc_chains(rng_key, model.logdensity_fn, jnp.asarray(positions),
+                                                num_warmup, num_samples, metric=metric, **options))
+    is_warmup = np.asarray(info.is_warmup, dtype=bool)
+    units_warmup, units_sampling = _split(info.num_gradient_evals, is_warmup)
+    divergent_warmup, divergent_sampling = _split(info.is_divergent, is_warmup)
+    fraction = units_sampling.sum() / (units_warmup.sum() + units_sampling.sum())
+    run_s = clock.run_s["run"]
+    sampling = ~is_warmup
+    return SamplerRun(
+        draws=np.asarray(samples), num_grads_warmup=units_warmup, num_grads_sampling=units_sampling,
+        num_divergent_warmup=divergent_warmup, num_divergent_sampling=divergent_sampling,
+        timing=_timing(clock, run_s * (1 - fraction), run_s * fraction, estimated=True),
+        extra={
+            "final_step_size": _as_float_list(np.asarray(info.step_size)[-1]),
+            "final_num_steps": _as_float_list(np.asarray(info.num_steps)[-1]),
+            "mean_acceptance": float(np.asarray(info.acceptance_rate)[sampling].mean()),
+            "fixed_point_converged": float(np.asarray(info.fixed_point_converged)[sampling].mean()),
+            "units_per_draw": float(units_sampling.sum() / sampling.sum()),
+            "leapfrog_steps_per_draw": float(np.asarray(info.num_integration_steps)[sampling].mean()),
+        },
+    )
+
+
+def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, step_size, num_steps) -> SamplerRun:
+    import jax
+    import jax.numpy as jnp
+
+    import blackjax
+    from ahmc.adapters._jax_rmhmc import transition_kernel
+
+    kernel = transition_kernel(metric)
+    logdensity_fn = model.logdensity_fn
+
+    def run(key, position, num):
+        state = blackjax.mcmc.hmc.init(position, logdensity_fn)
+
+        def body(state, step_key):
+            state, info = kernel(step_key, state, logdensity_fn, step_size, None, num_steps)
+            return state, (state.position, info.num_gradient_evals, info.is_divergent, info.acceptance_rate,
+                           info.fixed_point_converged)
+
+        return jax.lax.scan(body, state, jax.random.split(key, num))
+
+    warm_key, sample_key = jax.random.split(rng_key)
+    num_chains = positions.shape[0]
+    clock = CompileClock()
+    batched = jax.vmap(run, in_axes=(0, 0, None))
+    with clock.phase("warmup"):
+        args = (jax.random.split(warm_key, num_chains), jnp.asarray(positions))
+        compiled = jax.jit(batched, static_argnums=2).lower(*args, num_warmup).compile()
+        states, (_, units_w, div_w, _, _) = _block(compiled(*args))
+    with clock.phase("sampling"):
+        sample_one = jax.vmap(lambda key, state: run(key, state.position, num_samples))  # from burn-in's end
+        args = (jax.random.split(sample_key, num_chains), states)
+        compiled = jax.jit(sample_one).lower(*args).compile()
+        _, (draws, units_s, div_s, accept, converged) = _block(compiled(*args))
+    return SamplerRun(
+        draws=np.asarray(draws), num_grads_warmup=np.asarray(units_w).sum(axis=1),
+        num_grads_sampling=np.asarray(units_s).sum(axis=1), num_divergent_warmup=np.asarray(div_w).sum(axis=1),
+        num_divergent_sampling=np.asarray(div_s).sum(axis=1),
+        timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
+        extra={
+            "step_size": step_size, "num_steps": num_steps,
+            "mean_acceptance": float(np.asarray(accept).mean()),
+            "fixed_point_converged": float(np.asarray(converged).mean()),
+            "units_per_draw": float(np.asarray(units_s).mean()),
+        },
+    )
+
+
+def _nuts(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+    del metric
+    return run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples)
+
+
+def _fixed(step_size, num_steps):
+    def runner(rng_key, model, positions, num_warmup, num_samples, metric):
+        return run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, step_size, num_steps)
+
+    return runner
+
+
+def _armhmc_paper_box(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+    """ARMHMC in the paper's box for logistic regression (section 5.1): eps in [0.1, 1], L in {1..12}."""
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric,
+                      step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 12))
+
+
+SAMPLERS = {"armhmc": run_armhmc, "armhmc_paper_box": _armhmc_paper_box, "blackjax_nuts": _nuts,
+            **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
+LOGISTIC_PLAN = ("armhmc", *FIXED)
+PLAN = {"pima": LOGISTIC_PLAN, "ripley": LOGISTIC_PLAN, "breast_cancer": LOGISTIC_PLAN,
+        "funnel": ("armhmc", "blackjax_nuts")}
+
+
+def funnel_features(draws: np.ndarray) -> np.ndarray:
+    """v and log|x_i| (the funnel's x_i are too heavy-tailed for bulk ESS of x to mean much)."""
+    return np.concatenate([draws[..., :1], np.log(np.abs(draws[..., 1:]))], axis=-1)
+
+
+def run(args) -> dict[str, Any]:
+    import jax
+
+    num_warmup, num_samples = MODES["quick" if args.quick else "full"]
+    results: dict[str, Any] = {"settings": {
+        "mode": "quick" if args.quick else "full", "num_chains": args.chains, "num_warmup": num_warmup,
+        "num_samples": num_samples, "fixed": {name: list(value) for name, value in FIXED.items()},
+        "cost_unit": "one per log-density gradient and one per metric evaluation (NUTS: per leapfrog step)",
+        "funnel_ess_of": "v and log|x_i|",
+    }, "runs": {}}
+    for name in args.models:
+        model = funnel_model() if name == "funnel" else get_model(name)
+        positions = initial_positions(model, args.chains, args.seed)
+        metric = metric_for(name)
+        armhmc_first_draws = None
+        for sampler in args.samplers or PLAN[name]:
+            key = jax.random.fold_in(jax.random.key(args.seed), len(name))
+            print(f"{name} / {sampler} ...", flush=True)
+            starts = armhmc_first_draws if sampler.startswith("rmhmc_fixed") else positions
+            out = SAMPLERS[sampler](key, model, starts, num_warmup, num_samples, metric)
+            if sampler == "armhmc":
+                armhmc_first_draws = out.draws[:, 0]
+            draws = funnel_features(out.draws) if name == "funnel" else out.draws
+            summary = summarize(draws, out.num_grads_warmup, out.num_grads_sampling, out.num_divergent_warmup,
+                                out.num_divergent_sampling, warmup_s=out.timing["warmup_s"],
+                                sampling_s=out.timing["sampling_s"])
+            summary["timing"], summary["extra"] = out.timing, out.extra
+            results["runs"].setdefault(name, {})[sampler] = summary
+            print(f"  min ESS {summary['ess_bulk']['min']:.0f}, per unit {summary['ess_per_grad']['min']:.4f}, "
+                  f"per s {summary['ess_per_second']['min']:.1f}, {out.extra}", flush=True)
+    return results
+
+
+COST_DIMS = (2, 5, 10, 20, 40)
+
+
+def cost_scaling(dims=COST_DIMS, repeats: int = 100) -> dict[str, Any]:
+    """Seconds per leapfrog step: RMHMC (SoftAbs, Fisher) against HMC, as the dimension grows.
+
+    One chain, one leapfrog step per transition (``num_integration_steps = 1``),
+    ``repeats`` transitions in a compiled ``lax.scan``; funnel-like target for
+    SoftAbs, logistic regression with 500 synthetic rows for Fisher.
+    """
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    import blackjax
+    from ahmc.adapters._jax_rmhmc import transition_kernel
+    from ahmc.adapters.blackjax import fisher_logistic_metric
+
+    def timed(kernel, logdensity_fn, position, inverse_mass_matrix=None):
+        state = blackjax.mcmc.hmc.init(position, logdensity_fn)
+
+        def loop(state, key):
+            def body(state, k):
+                state, info = kernel(k, state, logdensity_fn, 0.1, inverse_mass_matrix, 1)
+                return state, info.acceptance_rate
+            return jax.lax.scan(body, state, jax.random.split(key, repeats))
+
+        compiled = jax.jit(loop).lower(state, jax.random.key(0)).compile()
+        jax.block_until_ready(compiled(state, jax.random.key(1)))
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(state, jax.random.key(2)))
+        return (time.perf_counter() - start) / repeats
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for dim in dims:
+        funnel = funnel_model(dim).logdensity_fn
+        design = rng.normal(size=(500, dim))
+        labels = (rng.uniform(size=500) < 0.5).astype(np.float64)
+
+        def logistic(beta, design=design, labels=labels):
+            eta = jnp.asarray(design) @ beta
+            return jnp.sum(labels * eta - jax.nn.softplus(eta)) - 0.5 * jnp.sum(beta**2) / 100.0
+
+        start = jnp.asarray(0.1 * rng.normal(size=dim))
+        hmc_kernel = blackjax.mcmc.hmc.build_kernel()
+        row = {
+            "dim": dim,
+            "hmc_funnel_s": timed(hmc_kernel, funnel, start, jnp.ones(dim)),
+            "softabs_funnel_s": timed(transition_kernel("softabs"), funnel, start),
+            "hmc_logistic_s": timed(hmc_kernel, logistic, start, jnp.ones(dim)),
+            "fisher_logistic_s": timed(transition_kernel(fisher_logistic_metric(design)), logistic, start),
+        }
+        rows.append(row)
+        print(row, flush=True)
+    return {"repeats": repeats, "rows": rows}
+
+
+def cost_markdown(cost: dict[str, Any], command: str) -> str:
+    lines = [
+        "# Seconds per leapfrog step: RMHMC against HMC",
+        "",
+        f"Command: `{command}`  ",
+        "One chain, one leapfrog step per transition, compiled scan of "
+        f"{cost['repeats']} transitions, float64, 2 shared CPU cores. Ratio = RMHMC / HMC time.",
+        "",
+        "| d | HMC funnel (us) | SoftAbs funnel (us) | ratio | HMC logistic (us) | Fisher logistic (us) | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in cost["rows"]:
+        lines.append(
+            f"| {r['dim']} | {1e6 * r['hmc_funnel_s']:.0f} | {1e6 * r['softabs_funnel_s']:.0f} "
+            f"| {r['softabs_funnel_s'] / r['hmc_funnel_s']:.0f} | {1e6 * r['hmc_logistic_s']:.0f} "
+            f"| {1e6 * r['fisher_logistic_s']:.0f} | {r['fisher_logistic_s'] / r['hmc_logistic_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any], command: str) -> str:
+    s = results["settings"]
+    lines = [
+        "# Adaptive RMHMC vs fixed-parameter RMHMC and NUTS",
+        "",
+        f"Command: `{command}`  ",
+        f"{s['num_chains']} chains x ({s['num_warmup']} warm-up + {s['num_samples']} draws), float64, "
+        f"on 2 shared CPU cores (other jobs running). Cost unit: {s['cost_unit']}. "
+        "Fixed RMHMC: rmhmc_fixed_<eps>x<L>, L leapfrog steps every iteration. Funnel: ESS of v and log|x_i|.",
+        "",
+        "| model | sampler | min ESS | min ESS / unit | min ESS / s | units / draw | accept | solves converged "
+        "| R-hat max | divergences |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in results["runs"].items():
+        for sampler, r in runs.items():
+            extra = r["extra"]
+            converged = extra.get("fixed_point_converged")
+            lines.append(
+                f"| {name} | {sampler} | {r['ess_bulk']['min']:.0f} | {r['ess_per_grad']['min']:.4f} "
+                f"| {r['ess_per_second']['min']:.1f} | {r['grads']['per_draw']:.1f} "
+                f"| {_mean(extra.get('mean_acceptance')):.2f} | {'-' if converged is None else f'{converged:.3f}'} "
+                f"| {r['rhat_max']:.3f} | {r['divergences']['sampling']} |"
+            )
+    return "\n".join(lines)
+
+
+def _mean(value) -> float:
+    return float(np.mean(value)) if value is not None else math.nan
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.rmhmc", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="500 + 1000 draws per chain (default 1000 + 2000)")
+    parser.add_argument("--models", type=lambda t: t.split(","), default=list(PLAN))
+    parser.add_argument("--samplers", type=lambda t: t.split(","), default=None,
+                        help=f"subset of each model's plan, or extra ones ({', '.join(SAMPLERS)})")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chains", type=int, default=4)
+    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--cost", action="store_true",
+                        help="only time one leapfrog step against HMC for d in 2..40 (rmhmc_cost.json)")
+    args = parser.parse_args(argv)
+    unknown = set(args.models) - set(PLAN)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; known: {', '.join(PLAN)}")
+    if args.samplers and set(args.samplers) - set(SAMPLERS):
+        parser.error(f"unknown samplers {sorted(set(args.samplers) - set(SAMPLERS))}; known: {', '.join(SAMPLERS)}")
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    command = shlex.join(["python", "-m", "benchmarks.rmhmc", *argv])
+    if args.cost:
+        cost = cost_scaling()
+        cost["environment"] = {**environment(argparse.Namespace(seed=args.seed), argv), "command": command}
+        output = args.output or RESULTS / "rmhmc_cost.json"
+        output.write_text(json.dumps(cost, indent=1) + "\n")
+        output.with_suffix(".md").write_text(cost_markdown(cost, command) + "\n")
+        print(cost_markdown(cost, command))
+        return cost
+    results = run(args)
+    env_args = argparse.Namespace(seed=args.seed)
+    results["environment"] = environment(env_args, argv)
+    results["environment"]["command"] = command
+    output = args.output or RESULTS / f"rmhmc_{'quick' if args.quick else 'full'}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=1, allow_nan=True) + "\n")
+    report = markdown(results, command)
+    output.with_suffix(".md").write_text(report + "\n")
+    print(report)
+    print(f"wrote {output} and {output.with_suffix('.md')}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
