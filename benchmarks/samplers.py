@@ -361,7 +361,10 @@ def run_chees(rng_key, model, positions, num_warmup, num_samples, **options) -> 
     per-chain numbers (box plots) cover all of them.  Trajectories are jittered
     by the Halton sequence, as ``chees_adaptation`` sets up.  Options:
     ``num_chains``, ``learning_rate`` (Adam, default 0.025), ``initial_step_size``
-    (0.1); the rest go to ``chees_adaptation`` (e.g. ``mass_matrix_estimation="diagonal"``).
+    (0.1); the rest go to ``chees_adaptation``.  ``mass_matrix_estimation``
+    defaults to ``"diagonal"`` (BlackJAX's ensemble estimate of a diagonal
+    metric; its own default, ``None``, keeps the identity), since every other
+    sampler here adapts a diagonal metric too.
     """
     import jax
     import jax.numpy as jnp
@@ -374,6 +377,7 @@ def run_chees(rng_key, model, positions, num_warmup, num_samples, **options) -> 
     num_chains = int(options.pop("num_chains", 16))
     learning_rate = float(options.pop("learning_rate", 0.025))
     initial_step_size = float(options.pop("initial_step_size", 0.1))
+    options.setdefault("mass_matrix_estimation", "diagonal")
     start = jnp.asarray(_more_positions(model, positions, num_chains))
     logdensity_fn = model.logdensity_fn
     warmup = blackjax.chees_adaptation(
