@@ -320,8 +320,18 @@ def write_report(json_path: str | Path) -> Path:
         plt.close(fig)
         return name
 
-    models = list(results["models"])
     complete = results.get("complete", False)
+    if not complete:  # an interrupted run: report the models whose samplers all ran
+        done = {r["model"] for r in results["runs"]}
+        finished = [m for m in results["models"] if m in done]
+        if finished and len([r for r in results["runs"] if r["model"] == finished[-1]]) < len(settings["samplers"]):
+            finished = finished[:-1]
+        results["models"] = {m: results["models"][m] for m in finished}
+        results["runs"] = [r for r in results["runs"] if r["model"] in results["models"]]
+        from .run import markdown_report
+
+        json_path.with_suffix(".md").write_text(markdown_report(results) + "\n")
+    models = list(results["models"])
     lines = [
         f"# Benchmark report: AHMC against NUTS ({results['mode']} mode)",
         "",

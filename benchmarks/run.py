@@ -328,7 +328,8 @@ def markdown_report(results: dict[str, Any]) -> str:
         f"on {env['jax_backend']}, BlackJAX {env['packages'].get('blackjax')}, NumPyro {env['packages'].get('numpyro')}, "
         f"PyMC {env['packages'].get('pymc')}, nutpie {env['packages'].get('nutpie')}; "
         f"git {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}. "
-        f"Total {results['total_elapsed_s'] / 60:.1f} min.",
+        (f"Total {results['total_elapsed_s'] / 60:.1f} min." if "total_elapsed_s" in results
+         else "**Interrupted: the models below are those that finished.**"),
         "",
         "ESS: ArviZ bulk ESS over all chains, per coordinate; min / median / max over coordinates. "
         "Per gradient = per leapfrog step of the sampling phase (paper's ESS/L); 'w/ warm-up' also counts "
