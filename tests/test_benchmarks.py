@@ -95,6 +95,30 @@ def test_a_failing_sampler_is_recorded_and_the_run_goes_on(monkeypatch):
     assert record["status"] == "failed" and "RuntimeError: no such sampler here" in record["reason"]
 
 
+def test_a_model_that_cannot_be_built_fails_its_runs_and_the_run_goes_on(monkeypatch):
+    def broken():
+        raise OSError("data file missing")
+
+    def fine(rng_key, model, positions, num_warmup, num_samples, **options):
+        raise RuntimeError("sampler broke too")
+
+    monkeypatch.setitem(models.MODELS, "broken_model", broken)
+    monkeypatch.setitem(run.SAMPLERS, "fine", fine)
+    args = run.parse_args(["--models", "broken_model,corr_gauss_2", "--samplers", "fine", "--chains", "2"])
+    args.output = None
+    monkeypatch.setattr(run, "environment", lambda args, argv: {})
+    results = run.run_benchmark(args, [])
+    assert [(r["model"], r["status"]) for r in results["runs"]] == [("broken_model", "failed"),
+                                                                     ("corr_gauss_2", "failed")]
+    assert "OSError: data file missing" in results["runs"][0]["reason"]
+    assert "RuntimeError: sampler broke too" in results["runs"][1]["reason"]
+    assert "FAILED" in run.markdown_report({**results, "environment": _ENV})
+
+
+_ENV = {"command": "c", "date_utc": "d", "seed": 0, "cpu_model": "cpu", "nproc": 2, "packages": {},
+        "jax_backend": "cpu", "git_commit": "0" * 40, "git_dirty": False}
+
+
 def test_ahmc_runner_reads_the_run_chains_contract(monkeypatch):
     """The ahmc_blackjax runner against a stand-in engine ``sample`` with the documented outputs."""
     pytest.importorskip("jax")
