@@ -203,6 +203,8 @@ def figure_boxes(results, models):
 def figure_scatter(results, models):
     """Figure 3: AHMC (y) against NUTS (x) per chain; min red, median blue, max black; diagonal."""
     plt = _pyplot()
+    from matplotlib.ticker import NullFormatter
+
     panels = []
     for model in models:
         runs = {r["sampler"]: r for r in _ok(results, model)}
@@ -227,6 +229,10 @@ def figure_scatter(results, models):
             ax.plot([lo, hi], [lo, hi], color="0.5", linewidth=0.8)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            for axis in (ax.xaxis, ax.yaxis):  # decade labels only: minor labels overlap on a log axis
+                axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"{nuts} ESS/grad", fontsize=8)
         ax.set_ylabel(f"{ahmc} ESS/grad", fontsize=8)
         ax.set_title(model, fontsize=9)
@@ -321,13 +327,14 @@ def write_report(json_path: str | Path) -> Path:
         return name
 
     complete = results.get("complete", False)
-    if not complete:  # an interrupted run: report the models whose samplers all ran
-        done = {r["model"] for r in results["runs"]}
-        finished = [m for m in results["models"] if m in done]
-        if finished and len([r for r in results["runs"] if r["model"] == finished[-1]]) < len(settings["samplers"]):
-            finished = finished[:-1]
-        results["models"] = {m: results["models"][m] for m in finished}
-        results["runs"] = [r for r in results["runs"] if r["model"] in results["models"]]
+    missing: dict[str, list[str]] = {}
+    if not complete:  # an interrupted run: report the models that started, and what did not run
+        started = {r["model"] for r in results["runs"]}
+        for model in results["models"]:
+            ran = {r["sampler"] for r in results["runs"] if r["model"] == model}
+            missing[model] = [name for name in settings["samplers"] if name not in ran]
+        results["models"] = {m: info for m, info in results["models"].items() if m in started}
+        not_started = [m for m in settings["models"] if m not in started]
         from .run import markdown_report
 
         json_path.with_suffix(".md").write_text(markdown_report(results) + "\n")
@@ -339,7 +346,8 @@ def write_report(json_path: str | Path) -> Path:
         f"{settings['num_chains']} chains per sampler except ChEES), on {env['cpu_model']} with "
         f"{env['nproc']} CPU cores shared with other jobs; git {str(env['git_commit'])[:10]}. "
         + (f"Total {results['total_elapsed_s'] / 60:.0f} min." if complete else
-           "**The run was interrupted: only the models below finished.**"),
+           "**The run was interrupted**: models not started: "
+           f"{', '.join(not_started) or 'none'}; samplers that did not run are listed under each model."),
         "",
         f"Numbers: `{json_path.name}`; the full per-run table (ESS/s, compile times, divergences) is "
         f"`{json_path.with_suffix('.md').name}`. ESS per gradient = bulk ESS (ArviZ) per leapfrog step of the "
@@ -360,6 +368,8 @@ def write_report(json_path: str | Path) -> Path:
         skipped = [r for r in results["runs"] if r["model"] == model and r["status"] != "ok"]
         for r in skipped:
             lines.append(f"\n{r['sampler']}: {r['status']} ({r['reason'].splitlines()[0][:200]})")
+        if missing.get(model):
+            lines.append(f"\nNot run (the run was interrupted): {', '.join(missing[model])}.")
         lines.append("")
 
     lines += ["## Figures", ""]
