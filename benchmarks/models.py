@@ -16,6 +16,10 @@ Models (paper = Wang, Mohamed & de Freitas, ICML 2013):
 * ``diag_gauss_10``: 10-d diagonal normal, sds log-spaced from 0.01 to 100.
 * ``corr_gauss_2``: 2-d normal, unit variances, correlation 0.99.
 * ``stochastic_volatility``: paper section 5.3, T = 1000 simulated (d = 1003).
+* ``lgcp_16``, ``lgcp_64``: log-Gaussian Cox process, paper section 5.2, on a
+  16 x 16 or 64 x 64 grid (d = 256 or 4096), whitened, data simulated once.
+* ``eight_schools`` ... ``gauss_mix``: the nine posteriordb posteriors
+  (``benchmarks/posteriordb.py``), scored against their reference means.
 
 The Gaussians carry their exact mean and sd (``Model.mean``, ``Model.sd``), so
 the benchmark also reports the largest |z| of the posterior means.
@@ -57,6 +61,10 @@ class Model(NamedTuple):
     description     one line for the report
     mean, sd        (dim,) exact posterior mean and sd when known, else None
     quick_draws     (num_warmup, num_samples) of the quick mode, None = the run's default
+    reference       posteriordb name whose reference moments score the draws, else None
+    derived_fn      draws (chains, draws, dim) -> {name: (chains, draws, ...)}: the quantities the
+                    reference (Stan names, constrained) or the truth describe, else None
+    truth           known quantities of simulated data (LGCP: the latent field), else None
     """
 
     name: str
@@ -67,6 +75,9 @@ class Model(NamedTuple):
     mean: np.ndarray | None = None
     sd: np.ndarray | None = None
     quick_draws: tuple[int, int] | None = None
+    reference: str | None = None
+    derived_fn: Callable | None = None
+    truth: dict | None = None
 
 
 # --------------------------------------------------------------------------- #
@@ -261,6 +272,90 @@ def stochastic_volatility(num_steps: int = 1000) -> Model:
     )
 
 
+# Log-Gaussian Cox process, paper section 5.2 (Christensen, Roberts & Skold 2006 parameter values
+# as used by Girolami & Calderhead 2011): variance, range (unit-square units) and mean of the field.
+LGCP_VARIANCE = 1.91
+LGCP_RANGE = 1.0 / 33.0
+LGCP_MEAN = float(np.log(126.0) - LGCP_VARIANCE / 2.0)
+
+
+def lgcp_covariance(grid: int, variance: float = LGCP_VARIANCE, length: float = LGCP_RANGE) -> np.ndarray:
+    """Covariance of the latent field on a ``grid`` x ``grid`` lattice (cells in row-major order).
+
+    Cov(x_ij, x_i'j') = variance * exp(-||(i, j) - (i', j')|| / (grid * length)): cell
+    indices scaled to the unit square, so the correlation range is ``grid * length`` cells.
+    """
+    rows, cols = np.divmod(np.arange(grid * grid), grid)
+    distance = np.hypot(rows[:, None] - rows[None, :], cols[:, None] - cols[None, :])
+    return variance * np.exp(-distance / (grid * length))
+
+
+def simulate_lgcp(grid: int, seed: int = 20130617) -> dict[str, np.ndarray]:
+    """Draw the latent field and the counts from the generative model.
+
+    x ~ N(mu 1, Sigma) (Sigma from :func:`lgcp_covariance`, mu = log 126 - sigma^2 / 2),
+    y_ij ~ Poisson(m exp(x_ij)) with m = 1 / grid^2 the cell area.  Returns the
+    counts ``y``, the field ``x`` (both flat, row-major), the Cholesky factor
+    ``chol`` of Sigma and the cell area ``area``.
+    """
+    rng = np.random.default_rng([seed, grid])
+    chol = np.linalg.cholesky(lgcp_covariance(grid) + 1e-10 * np.eye(grid * grid))
+    x = LGCP_MEAN + chol @ rng.standard_normal(grid * grid)
+    area = 1.0 / grid**2
+    y = rng.poisson(area * np.exp(x)).astype(np.float64)
+    return {"y": y, "x": x, "chol": chol, "area": area}
+
+
+def lgcp(grid: int) -> Model:
+    """Log-Gaussian Cox process on a ``grid`` x ``grid`` lattice (paper 5.2), whitened.
+
+    The sampler sees z (grid^2 coordinates, prior N(0, I)); the field is
+    x = mu + L z with L L^T = Sigma, so
+    log p(z | y) = sum_ij [y_ij x_ij - m exp(x_ij)] - |z|^2 / 2 + const.
+    Hyperparameters (sigma^2, beta, mu) are fixed at their true values, as in
+    Christensen et al. (2005) and Girolami & Calderhead (2011); the paper samples
+    them too, in the original (non-whitened) coordinates.  ``derived_fn`` gives
+    the field x, ``truth`` the simulated field and counts (Figure 4).
+    """
+    import jax.numpy as jnp
+
+    data = simulate_lgcp(grid)
+    y, chol, area = data["y"], data["chol"], data["area"]
+
+    def logdensity_fn(z):
+        x = LGCP_MEAN + jnp.asarray(chol, z.dtype) @ z
+        return jnp.sum(jnp.asarray(y, z.dtype) * x - area * jnp.exp(x)) - 0.5 * jnp.sum(z**2)
+
+    def derived_fn(draws):
+        return {"x": LGCP_MEAN + np.asarray(draws) @ chol.T}
+
+    dim = grid * grid
+    return Model(
+        f"lgcp_{grid}", logdensity_fn, dim, np.zeros(dim),
+        f"log-Gaussian Cox process (paper 5.2), {grid} x {grid} grid, whitened field, "
+        f"{int(y.sum())} simulated points",
+        derived_fn=derived_fn, truth={"x": data["x"], "y": y, "grid": grid},
+    )
+
+
+def _posteriordb(name: str) -> Callable[[], Model]:
+    def builder() -> Model:
+        from .posteriordb import build_posterior
+
+        logdensity_fn, dim, derived_fn, posterior = build_posterior(name)
+        return Model(name, logdensity_fn, dim, np.zeros(dim), f"posteriordb {posterior}",
+                     reference=posterior, derived_fn=derived_fn)
+
+    return builder
+
+
+POSTERIORDB_MODELS = ("eight_schools", "kidiq", "earnings", "sblrc", "arK", "garch", "gp_pois_regr", "diamonds",
+                      "gauss_mix")
+# The models with a PyMC version in benchmarks/pymc_models.py (the PyMC samplers skip the others).
+PYMC_MODEL_NAMES = ("pima", "ripley", "breast_cancer", "std_gauss_10", "diag_gauss_10", "corr_gauss_2",
+                    "stochastic_volatility")
+
+
 # name -> builder (models are built lazily: JAX is imported only when needed)
 MODELS: dict[str, Callable[[], Model]] = {
     "pima": _pima,
@@ -270,6 +365,9 @@ MODELS: dict[str, Callable[[], Model]] = {
     "diag_gauss_10": _diag_gauss_10,
     "corr_gauss_2": _corr_gauss_2,
     "stochastic_volatility": stochastic_volatility,
+    "lgcp_16": lambda: lgcp(16),
+    "lgcp_64": lambda: lgcp(64),
+    **{name: _posteriordb(name) for name in POSTERIORDB_MODELS},
 }
 
 

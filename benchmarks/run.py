@@ -15,12 +15,16 @@ goes on.  The JSON holds every number (``benchmarks/metrics.py``) and the
 environment; the Markdown report next to it (same name, ``.md``) is also
 printed.
 
-Modes: the quick default runs the three logistic regressions and the three
-Gaussians, all at 1000 + 1000 (about 10 minutes for every sampler on the
-2-core development machine); ``--full`` adds stochastic volatility (d = 1003).
-The other expensive models of issue 8 (LGCP at d = 64, posteriordb) are still
-to join the full mode.  A model can set ``Model.quick_draws`` to run shorter
-in quick mode (the report then says so).
+Modes: the quick default runs every model but the two largest: the three
+logistic regressions, the three Gaussians, the nine posteriordb posteriors
+(scored against their reference means) and the LGCP on a 16 x 16 grid, all at
+1000 + 1000; ``--full`` adds stochastic volatility (d = 1003) and the LGCP on
+the paper's 64 x 64 grid (d = 4096).  A model can set ``Model.quick_draws`` to
+run shorter in quick mode (the report then says so).  PyMC samplers run only
+on models with a PyMC version (``models.PYMC_MODEL_NAMES``); elsewhere they are
+recorded as skipped.  The JSON is rewritten after every run, so an interrupted
+run keeps what finished; at the end ``benchmarks/report.py`` writes the
+paper-style report with figures beside it (``--no-figures`` to skip).
 
 Samplers are registered in ``benchmarks.samplers.SAMPLERS`` and models in
 ``benchmarks.models.MODELS``; ``--list`` prints both.
@@ -47,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from .metrics import summarize
-from .models import MODELS, get_model, initial_positions
+from .models import MODELS, PYMC_MODEL_NAMES, get_model, initial_positions
 from .samplers import SAMPLERS
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -57,10 +61,11 @@ SCHEMA_VERSION = 1
 # Stochastic volatility (d = 1003) needs far more than 1000 + 1000 iterations for any sampler
 # to converge (R-hat 1.05-1.2 at that length for NUTS and AHMC alike), and NUTS takes minutes
 # there: it runs in --full mode (or by name with --models), not in the quick default.
-QUICK_MODELS = [name for name in MODELS if name != "stochastic_volatility"]
+QUICK_MODELS = [name for name in MODELS if name not in ("stochastic_volatility", "lgcp_64")]
 FULL_MODELS = list(MODELS)
 DEFAULT_SAMPLERS = list(SAMPLERS)
 NUTS_SAMPLERS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie")  # the baselines of the ratio column
+PYMC_SAMPLERS = ("ahmc_pymc", "pymc_nuts", "nutpie")  # need the model's PyMC version
 
 PACKAGES = (
     "ahmc", "jax", "jaxlib", "blackjax", "numpyro", "arviz_base", "arviz_stats",
@@ -133,8 +138,46 @@ def _model_key(seed: int, name: str):
     return jax.random.fold_in(jax.random.key(seed), zlib.crc32(name.encode()) & 0x7FFFFFFF)
 
 
-def run_one(sampler_name, model, positions, num_warmup, num_samples, seed, options) -> dict[str, Any]:
-    """Run one sampler on one model; never raises (a failure is recorded with its reason)."""
+def model_checks(model, draws: np.ndarray) -> dict[str, Any]:
+    """Accuracy numbers that need the model: z against a posteriordb reference, the LGCP field.
+
+    ``max_abs_z_reference``: the largest |z| of the posterior means against the
+    reference (``tests/reference.py``: z = (mean - ref) / sqrt(mcse^2 + mcse_ref^2),
+    sample MCSE from bulk ESS), with every z in ``z_reference``;
+    ``max_abs_z_reference_sq`` the same for the mean squares.  ``field``: the
+    posterior mean and variance of each LGCP cell (for the paper's Figure 4).
+    """
+    out: dict[str, Any] = {}
+    if model.derived_fn is None or not np.all(np.isfinite(draws)):
+        return out
+    derived = model.derived_fn(draws)
+    if model.reference is not None:
+        from tests.reference import zscores_against_reference
+
+        z = zscores_against_reference(derived, model.reference)
+        z_sq = zscores_against_reference(derived, model.reference, moment="mean_squared")
+        out["z_reference"] = z
+        out["max_abs_z_reference"] = float(np.nanmax(np.abs(list(z.values()))))
+        out["max_abs_z_reference_sq"] = float(np.nanmax(np.abs(list(z_sq.values()))))
+    if model.truth is not None and "x" in derived:
+        field = derived["x"].reshape(-1, derived["x"].shape[-1])
+        out["field"] = {"mean": field.mean(axis=0).tolist(), "var": field.var(axis=0, ddof=1).tolist()}
+    return out
+
+
+def skip_reason(sampler_name: str, model) -> str | None:
+    """Why ``sampler_name`` does not run on ``model`` (None if it does)."""
+    if sampler_name in PYMC_SAMPLERS and model.name not in PYMC_MODEL_NAMES:
+        return f"no PyMC version of {model.name} (benchmarks/pymc_models.py)"
+    return None
+
+
+def run_one(sampler_name, model, positions, num_warmup, num_samples, seed, options, keep=None) -> dict[str, Any]:
+    """Run one sampler on one model; never raises (a failure is recorded with its reason).
+
+    ``keep``: a dict that receives what the runner keeps in memory for the
+    report's figures (``SamplerRun.keep``, e.g. the tuner history).
+    """
     record: dict[str, Any] = {
         "model": model.name,
         "sampler": sampler_name,
@@ -143,11 +186,15 @@ def run_one(sampler_name, model, positions, num_warmup, num_samples, seed, optio
         "num_samples": num_samples,
         "options": options,
     }
+    reason = skip_reason(sampler_name, model)
+    if reason is not None:
+        record.update(status="skipped", reason=reason, elapsed_s=0.0)
+        return record
     start = time.perf_counter()
     try:
         runner = SAMPLERS[sampler_name]
         run = runner(_model_key(seed, model.name), model, positions, num_warmup, num_samples, **options)
-        record["metrics"] = summarize(
+        record["metrics"] = metrics = summarize(
             run.draws,
             run.num_grads_warmup,
             run.num_grads_sampling,
@@ -158,9 +205,12 @@ def run_one(sampler_name, model, positions, num_warmup, num_samples, seed, optio
             mean=model.mean,
             sd=model.sd,
         )
+        metrics.update(model_checks(model, run.draws))
         record["timing"] = run.timing
         record["extra"] = run.extra
         record["status"] = "ok"
+        if keep is not None and run.keep:
+            keep.update(run.keep)
     except Exception as error:  # noqa: BLE001 - the run must go on
         record["status"] = "failed"
         record["reason"] = f"{type(error).__name__}: {error}"
@@ -203,7 +253,18 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     done = 0
     clock = time.perf_counter()
     for model_name in model_names:
-        model = get_model(model_name)
+        try:
+            model = get_model(model_name)
+        except Exception as error:  # noqa: BLE001 - a model that cannot be built fails its runs, the rest go on
+            reason = f"building the model failed: {type(error).__name__}: {error}"
+            results["models"][model_name] = {"description": "(not built)", "dim": None,
+                                             "num_warmup": args.num_warmup, "num_samples": args.num_samples}
+            for sampler_name in sampler_names:
+                done += 1
+                results["runs"].append({"model": model_name, "sampler": sampler_name, "status": "failed",
+                                        "reason": reason, "elapsed_s": 0.0})
+            print(f"{model_name}: {reason}", flush=True)
+            continue
         num_warmup, num_samples, note = _draws_for(model, args)
         if note:
             results["notes"].append(note)
@@ -224,11 +285,20 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 end="",
                 flush=True,
             )
+            keep: dict[str, Any] = {}
             record = run_one(
-                sampler_name, model, positions, num_warmup, num_samples, args.seed, options.get(sampler_name, {})
+                sampler_name, model, positions, num_warmup, num_samples, args.seed, options.get(sampler_name, {}),
+                keep=keep,
             )
             results["runs"].append(record)
-            if record["status"] == "ok":
+            if "tuning" in keep and "tuning" not in results:  # the first AHMC tuning history, for the report
+                path = save_tuning(keep["tuning"], args.output)
+                results["tuning"] = {"model": model_name, "sampler": sampler_name, "file": path.name}
+            if args.output is not None:  # partial results survive an interrupted run
+                write_json(results, args.output)
+            if record["status"] == "skipped":
+                print(f" skipped: {record['reason']}", flush=True)
+            elif record["status"] == "ok":
                 m, t = record["metrics"], record["timing"]
                 print(
                     f" {record['elapsed_s']:.1f} s (compile {t['compile_s']:.1f} s); "
@@ -273,7 +343,8 @@ def markdown_report(results: dict[str, Any]) -> str:
         f"on {env['jax_backend']}, BlackJAX {env['packages'].get('blackjax')}, NumPyro {env['packages'].get('numpyro')}, "
         f"PyMC {env['packages'].get('pymc')}, nutpie {env['packages'].get('nutpie')}; "
         f"git {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}. "
-        f"Total {results['total_elapsed_s'] / 60:.1f} min.",
+        + (f"Total {results['total_elapsed_s'] / 60:.1f} min." if "total_elapsed_s" in results
+         else "**Interrupted: the models below are those that finished.**"),
         "",
         "ESS: ArviZ bulk ESS over all chains, per coordinate; min / median / max over coordinates. "
         "Per gradient = per leapfrog step of the sampling phase (paper's ESS/L); 'w/ warm-up' also counts "
@@ -307,7 +378,8 @@ def markdown_report(results: dict[str, Any]) -> str:
         for r in runs:
             if r["status"] != "ok":
                 reason = r["reason"].splitlines()[0][:160].replace("|", "\\|")
-                lines.append(f"| {r['sampler']} | FAILED: {reason} |" + " |" * (num_columns - 2))
+                label = "skipped" if r["status"] == "skipped" else "FAILED"
+                lines.append(f"| {r['sampler']} | {label}: {reason} |" + " |" * (num_columns - 2))
                 continue
             m, t = r["metrics"], r["timing"]
             ratio = None
@@ -328,6 +400,12 @@ def markdown_report(results: dict[str, Any]) -> str:
         if z:
             lines += ["", "Exact moments, largest |z| (mean, variance): " + "; ".join(
                 f"{name} {_fmt(zm)}, {_fmt(zv)}" for name, zm, zv in z
+            ) + "."]
+        z_ref = [(r["sampler"], r["metrics"]["max_abs_z_reference"], r["metrics"]["max_abs_z_reference_sq"])
+                 for r in runs if r["status"] == "ok" and "max_abs_z_reference" in r["metrics"]]
+        if z_ref:
+            lines += ["", "posteriordb reference, largest |z| (means, mean squares): " + "; ".join(
+                f"{name} {_fmt(zm)}, {_fmt(zs)}" for name, zm, zs in z_ref
             ) + "."]
         lines.append("")
     if any(r.get("timing", {}).get("sampling_time_estimated") for r in results["runs"]):
@@ -366,6 +444,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=None,
                         help="JSON path (default benchmarks/results/bench_<mode>.json); the .md goes beside it")
     parser.add_argument("--list", action="store_true", help="list models and samplers, then exit")
+    parser.add_argument("--no-figures", dest="figures", action="store_false",
+                        help="skip the paper-style report with figures (benchmarks/report.py)")
     args = parser.parse_args(argv)
     args.draws_given = args.num_warmup is not None or args.num_samples is not None
     args.num_warmup = 1000 if args.num_warmup is None else args.num_warmup
@@ -380,6 +460,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown:
         parser.error(f"--sampler-options names unknown samplers: {unknown}")
     return args
+
+
+def save_tuning(tuning: dict[str, Any], output: Path) -> Path:
+    """Save a tuning history (EngineInfo arrays, search box, options) beside the results file."""
+    path = output.with_name(output.stem + "_tuning.npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"info_{name}": np.asarray(value) for name, value in tuning["info"].items()}
+    np.savez_compressed(path, step_size_box=np.asarray(tuning["search_box"][0]),
+                        num_steps_box=np.asarray(tuning["search_box"][1]),
+                        options=np.asarray(json.dumps(tuning["options"])), **arrays)
+    return path
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, default=_json_default, allow_nan=True) + "\n")
 
 
 def _json_default(value):
@@ -406,14 +502,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     jax.config.update("jax_enable_x64", not args.float32)
     results = run_benchmark(args, argv)
+    results["complete"] = True
+    write_json(results, args.output)
     report = markdown_report(results)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=1, default=_json_default, allow_nan=True) + "\n")
     markdown_path = args.output.with_suffix(".md")
     markdown_path.write_text(report + "\n")
     print()
     print(report)
     print(f"wrote {args.output} and {markdown_path}")
+    if args.figures:
+        from .report import write_report
+
+        print(f"wrote {write_report(args.output)}")
     return results
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "run_ahmc_numpyro",
     "run_ahmc_pymc",
     "run_blackjax_nuts",
+    "run_chees",
     "run_numpyro_nuts",
     "run_nutpie",
     "run_pymc_nuts",
@@ -58,6 +59,8 @@ class SamplerRun(NamedTuple):
     timing                  {"warmup_s", "sampling_s", "compile_s", "sampling_time_estimated", "phases"}
                             seconds of wall time net of JAX tracing/compilation
     extra                   sampler details for the report (final step sizes, ...)
+    keep                    what the report's figures need beyond the JSON (not serialized by the
+                            runner; e.g. ``{"tuning": ...}``, the AHMC tuner history), or None
     """
 
     draws: np.ndarray
@@ -67,6 +70,7 @@ class SamplerRun(NamedTuple):
     num_divergent_sampling: np.ndarray
     timing: dict[str, Any]
     extra: dict[str, Any]
+    keep: dict[str, Any] | None = None
 
 
 Runner = Callable[..., SamplerRun]
@@ -230,11 +234,13 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
 
 
 def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
-    """ahmc's adaptive HMC via ``ahmc.adapters.blackjax.run_chains`` (pooled tuner by default).
+    """ahmc's adaptive HMC as ``ahmc.adapters.blackjax.run_chains`` runs it (pooled tuner by default).
 
-    Expects ``run_chains(rng_key, logdensity_fn, positions, num_warmup,
-    num_samples, **options) -> (samples, info)`` with ``samples`` of shape
-    (chains, num_samples, dim) and ``info`` fields of shape
+    Calls the engine's ``sample(rng_key, logdensity_fn, positions, num_warmup,
+    num_samples, **options) -> (samples, info, final_state)``, which
+    ``run_chains`` wraps (same computation; the final state carries the search
+    box the tuner used, kept for the report's reward-surface figure).
+    ``samples`` has shape (chains, num_samples, dim) and ``info`` fields shape
     (num_warmup + num_samples, chains), warm-up first, including
     ``num_integration_steps`` and ``is_divergent`` (``is_warmup`` optional).
     ``options`` go to ``run_chains`` (e.g. ``paper_preset``, ``pooled``).
@@ -244,12 +250,15 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
     """
     import jax.numpy as jnp
 
-    from ahmc.adapters.blackjax import run_chains
+    from ahmc.adapters import _jax_engine
+    from ahmc.adapters.blackjax import _options
 
+    resolved = _options(bool(options.pop("paper_preset", False)), dict(options))
     clock = CompileClock()
     with clock.phase("run"):
-        samples, info = _block(
-            run_chains(rng_key, model.logdensity_fn, jnp.asarray(positions), num_warmup, num_samples, **options)
+        samples, info, state = _block(
+            _jax_engine.sample(rng_key, model.logdensity_fn, jnp.asarray(positions), num_warmup, num_samples,
+                               **resolved)
         )
     num_chains = positions.shape[0]
     draws = np.asarray(samples).reshape(num_chains, num_samples, -1)
@@ -278,6 +287,11 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
         extra["rounds"] = _as_float_list(np.asarray(info.round).max(axis=0))
     if getattr(info, "arm_changed", None) is not None:
         extra["arm_changes"] = _as_float_list(np.asarray(info.arm_changed).sum(axis=0))
+    keep = None
+    if getattr(state, "box", None) is not None and hasattr(info, "_asdict"):
+        keep = {"tuning": {"info": {k: np.asarray(v) for k, v in info._asdict().items()},
+                           "search_box": (np.asarray(state.box.step_size), np.asarray(state.box.num_steps)),
+                           "options": resolved}}
     return SamplerRun(
         draws=draws,
         num_grads_warmup=grads_warmup,
@@ -286,6 +300,7 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
         num_divergent_sampling=np.where(is_warmup, 0, divergent).sum(axis=0),
         timing=_timing(clock, run_s * (1 - fraction), run_s * fraction, estimated=True),
         extra=extra,
+        keep=keep,
     )
 
 
@@ -318,6 +333,96 @@ def run_ahmc_numpyro(rng_key, model, positions, num_warmup, num_samples, **optio
                                    + np.asarray(sample["arm_changed"]).sum(axis=1)),
     )
     return run
+
+
+# --------------------------------------------------------------------------- #
+# BlackJAX ChEES-HMC (many chains)
+# --------------------------------------------------------------------------- #
+
+
+def _more_positions(model, positions, num_chains: int) -> np.ndarray:
+    """``positions`` plus extra starting points drawn as they were (``init + Uniform(-2, 2)``)."""
+    extra = num_chains - positions.shape[0]
+    if extra <= 0:
+        return np.asarray(positions)[:num_chains]
+    rng = np.random.default_rng([num_chains, positions.shape[1], 8])
+    more = np.asarray(model.init) + rng.uniform(-2.0, 2.0, size=(extra, positions.shape[1]))
+    return np.concatenate([np.asarray(positions), more.astype(positions.dtype)])
+
+
+def run_chees(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """BlackJAX ChEES-HMC: ``blackjax.chees_adaptation`` over many chains, then ``blackjax.dynamic_hmc``.
+
+    ChEES tunes one step size and trajectory length from the ensemble, so it
+    runs ``options["num_chains"]`` chains (default 16): the benchmark's
+    starting points plus more drawn the same way.  Every chain's gradients
+    count, in warm-up and sampling, and the ESS is that of all the chains
+    together, so ESS per gradient stays comparable with the 4-chain samplers;
+    per-chain numbers (box plots) cover all of them.  Trajectories are jittered
+    by the Halton sequence, as ``chees_adaptation`` sets up.  Options:
+    ``num_chains``, ``learning_rate`` (Adam, default 0.025), ``initial_step_size``
+    (0.1); the rest go to ``chees_adaptation``.  ``mass_matrix_estimation``
+    defaults to ``"diagonal"`` (BlackJAX's ensemble estimate of a diagonal
+    metric; its own default, ``None``, keeps the identity), since every other
+    sampler here adapts a diagonal metric too.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import blackjax
+    from blackjax.adaptation.base import get_filter_adapt_info_fn
+
+    options = dict(options)
+    num_chains = int(options.pop("num_chains", 16))
+    learning_rate = float(options.pop("learning_rate", 0.025))
+    initial_step_size = float(options.pop("initial_step_size", 0.1))
+    options.setdefault("mass_matrix_estimation", "diagonal")
+    start = jnp.asarray(_more_positions(model, positions, num_chains))
+    logdensity_fn = model.logdensity_fn
+    warmup = blackjax.chees_adaptation(
+        logdensity_fn, num_chains,
+        adaptation_info_fn=get_filter_adapt_info_fn(info_keys={"num_integration_steps", "is_divergent"}),
+        **options,
+    )  # fmt: skip
+
+    warm_key, sample_key = jax.random.split(rng_key)
+    clock = CompileClock()
+    with clock.phase("warmup"):  # run() scans internally; its parameters include the jitter callables
+        (states, parameters), info = warmup.run(warm_key, start, initial_step_size, optax.adam(learning_rate),
+                                                num_warmup, max_sampling_steps=num_samples)
+        states, grads_warmup, div_warmup = _block(
+            (states, jnp.sum(info.info.num_integration_steps, axis=0), jnp.sum(info.info.is_divergent, axis=0)))
+
+    def sample_all(key, states):
+        hmc = blackjax.dynamic_hmc(logdensity_fn, **parameters)
+
+        def body(states, step_key):
+            states, info = jax.vmap(hmc.step)(jax.random.split(step_key, num_chains), states)
+            return states, (states.position, info.num_integration_steps, info.is_divergent, info.acceptance_rate)
+
+        _, out = jax.lax.scan(body, states, jax.random.split(key, num_samples))
+        return out
+
+    with clock.phase("sampling"):
+        sample_compiled = jax.jit(sample_all).lower(sample_key, states).compile()
+        draws, steps, divergent, acceptance = _block(sample_compiled(sample_key, states))
+    steps = np.asarray(steps)  # (num_samples, chains)
+    return SamplerRun(
+        draws=np.swapaxes(np.asarray(draws), 0, 1),
+        num_grads_warmup=np.asarray(grads_warmup),
+        num_grads_sampling=steps.sum(axis=0),
+        num_divergent_warmup=np.asarray(div_warmup),
+        num_divergent_sampling=np.asarray(divergent).sum(axis=0),
+        timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
+        extra={
+            "num_chains": num_chains,
+            "step_size": float(parameters["step_size"]),
+            "mean_num_steps": float(parameters["integration_steps_params"][0]),
+            "mean_acceptance": _as_float_list(np.asarray(acceptance).mean(axis=0)),
+            "mean_steps_per_draw": _as_float_list(steps.mean(axis=0)),
+        },
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -576,4 +681,5 @@ SAMPLERS: dict[str, Runner] = {
     "ahmc_pymc": run_ahmc_pymc,
     "pymc_nuts": run_pymc_nuts,
     "nutpie": run_nutpie,
+    "chees": run_chees,
 }

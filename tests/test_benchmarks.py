@@ -56,8 +56,11 @@ def test_logistic_log_density_matches_a_numpy_formula():
 
 
 def test_every_model_builds_and_is_finite_at_its_initial_positions():
+    """All but lgcp_64 (a 4096 x 4096 Cholesky) and the posteriordb models (tested below)."""
     jax = pytest.importorskip("jax")
     for name in models.MODELS:
+        if name == "lgcp_64" or name in models.POSTERIORDB_MODELS:
+            continue
         model = models.get_model(name)
         positions = models.initial_positions(model, 4, seed=0).astype(np.float32)
         assert positions.shape == (4, model.dim)
@@ -92,8 +95,32 @@ def test_a_failing_sampler_is_recorded_and_the_run_goes_on(monkeypatch):
     assert record["status"] == "failed" and "RuntimeError: no such sampler here" in record["reason"]
 
 
+def test_a_model_that_cannot_be_built_fails_its_runs_and_the_run_goes_on(monkeypatch):
+    def broken():
+        raise OSError("data file missing")
+
+    def fine(rng_key, model, positions, num_warmup, num_samples, **options):
+        raise RuntimeError("sampler broke too")
+
+    monkeypatch.setitem(models.MODELS, "broken_model", broken)
+    monkeypatch.setitem(run.SAMPLERS, "fine", fine)
+    args = run.parse_args(["--models", "broken_model,corr_gauss_2", "--samplers", "fine", "--chains", "2"])
+    args.output = None
+    monkeypatch.setattr(run, "environment", lambda args, argv: {})
+    results = run.run_benchmark(args, [])
+    assert [(r["model"], r["status"]) for r in results["runs"]] == [("broken_model", "failed"),
+                                                                     ("corr_gauss_2", "failed")]
+    assert "OSError: data file missing" in results["runs"][0]["reason"]
+    assert "RuntimeError: sampler broke too" in results["runs"][1]["reason"]
+    assert "FAILED" in run.markdown_report({**results, "environment": _ENV})
+
+
+_ENV = {"command": "c", "date_utc": "d", "seed": 0, "cpu_model": "cpu", "nproc": 2, "packages": {},
+        "jax_backend": "cpu", "git_commit": "0" * 40, "git_dirty": False}
+
+
 def test_ahmc_runner_reads_the_run_chains_contract(monkeypatch):
-    """The ahmc_blackjax runner against a stand-in ``run_chains`` with the documented outputs."""
+    """The ahmc_blackjax runner against a stand-in engine ``sample`` with the documented outputs."""
     pytest.importorskip("jax")
     import types
     from typing import NamedTuple
@@ -114,11 +141,18 @@ def test_ahmc_runner_reads_the_run_chains_contract(monkeypatch):
         samples = np.random.default_rng(0).normal(size=(chains, num_samples, dim))
         return samples, Info(steps, divergent, is_warmup, np.full((rows, chains), 0.5))
 
-    fake = types.ModuleType("ahmc.adapters.blackjax")
-    fake.run_chains = run_chains
-    monkeypatch.setitem(sys.modules, "ahmc.adapters.blackjax", fake)
+    from ahmc.adapters import _jax_engine
+
+    def sample(rng_key, logdensity_fn, positions, num_warmup, num_samples, **options):
+        samples, info = run_chains(rng_key, logdensity_fn, positions, num_warmup, num_samples, **options)
+        box = types.SimpleNamespace(step_size=np.array([0.1, 0.4]), num_steps=np.array([1, 50]))
+        return samples, info, types.SimpleNamespace(box=box)
+
+    monkeypatch.setattr(_jax_engine, "sample", sample)
     model = models.get_model("corr_gauss_2")
     out = run.SAMPLERS["ahmc_blackjax"](None, model, models.initial_positions(model, 3, 0), 20, 10)
+    assert out.keep["tuning"]["search_box"][1].tolist() == [1, 50]
+    assert out.keep["tuning"]["info"]["num_integration_steps"].shape == (30, 3)
     assert out.draws.shape == (3, 10, 2)
     np.testing.assert_array_equal(out.num_grads_warmup, [60, 60, 60])
     np.testing.assert_array_equal(out.num_grads_sampling, [20, 20, 20])
@@ -127,44 +161,181 @@ def test_ahmc_runner_reads_the_run_chains_contract(monkeypatch):
     assert out.timing["sampling_time_estimated"] and out.extra["final_step_size"] == [0.5] * 3
 
 
-def test_tiny_nuts_run_writes_json_and_markdown(tmp_path):
+def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
+    """The harness end to end on a tiny configuration: a posteriordb model, AHMC and NUTS, the report."""
     pytest.importorskip("blackjax")
-    pytest.importorskip("numpyro")
+    pytest.importorskip("matplotlib")
     output = tmp_path / "tiny.json"
     command = [
-        sys.executable, "-m", "benchmarks.run", "--models", "corr_gauss_2",
-        "--samplers", "blackjax_nuts,numpyro_nuts", "--chains", "2", "--num-warmup", "60",
-        "--num-samples", "40", "--seed", "3", "--output", str(output),
+        sys.executable, "-m", "benchmarks.run", "--models", "kidiq",
+        "--samplers", "ahmc_blackjax,blackjax_nuts", "--chains", "2", "--num-warmup", "100",
+        "--num-samples", "50", "--seed", "3", "--output", str(output),
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "[1/2] corr_gauss_2 / blackjax_nuts" in done.stdout
-    assert "[2/2] corr_gauss_2 / numpyro_nuts" in done.stdout
+    assert "[1/2] kidiq / ahmc_blackjax" in done.stdout and "[2/2] kidiq / blackjax_nuts" in done.stdout
 
     results = json.loads(output.read_text())
-    assert results["schema_version"] == run.SCHEMA_VERSION and results["mode"] == "quick"
+    assert results["schema_version"] == run.SCHEMA_VERSION and results["mode"] == "quick" and results["complete"]
     env = results["environment"]
     for key in ("date_utc", "command", "seed", "cpu_model", "nproc", "packages", "jax_enable_x64"):
         assert key in env
-    assert env["seed"] == 3 and env["jax_enable_x64"] is True and "--num-samples 40" in env["command"]
-    assert results["models"]["corr_gauss_2"]["num_samples"] == 40
+    assert env["seed"] == 3 and env["jax_enable_x64"] is True and "--num-samples 50" in env["command"]
+    assert results["models"]["kidiq"]["num_samples"] == 50
 
-    assert [r["sampler"] for r in results["runs"]] == ["blackjax_nuts", "numpyro_nuts"]
+    assert [r["sampler"] for r in results["runs"]] == ["ahmc_blackjax", "blackjax_nuts"]
     for record in results["runs"]:
         assert record["status"] == "ok", record.get("traceback")
-        assert (record["model"], record["num_chains"]) == ("corr_gauss_2", 2)
+        chains = 2
         m = record["metrics"]
-        assert (m["num_chains"], m["num_draws"], m["dim"]) == (2, 40, 2)
+        assert (m["num_chains"], m["num_draws"], m["dim"]) == (chains, 50, 3)
         for key in ("ess_per_grad", "ess_per_grad_with_warmup", "ess_per_second", "ess_bulk"):
             assert set(m[key]) == {"min", "median", "max"} and m[key]["min"] > 0
-        assert m["grads"]["sampling"] >= 80 and m["grads"]["warmup"] >= 120
-        assert math.isfinite(m["rhat_max"]) and m["divergences"]["sampling"] >= 0
-        assert "max_abs_z_mean" in m and len(m["per_chain"]) == 2
-        timing = record["timing"]
-        assert timing["compile_s"] > 0 and timing["sampling_s"] > 0 and not timing["sampling_time_estimated"]
+        assert m["grads"]["sampling"] >= 50 * chains and m["grads"]["warmup"] >= 100 * chains
+        assert math.isfinite(m["rhat_max"]) and m["divergences"]["sampling"] >= 0 and len(m["per_chain"]) == chains
+        assert set(m["z_reference"]) == {"beta[1]", "beta[2]", "sigma"}
+        assert m["max_abs_z_reference"] == pytest.approx(max(abs(z) for z in m["z_reference"].values()))
+        assert record["timing"]["compile_s"] > 0 and record["timing"]["sampling_s"] > 0
+    assert results["tuning"] == {"model": "kidiq", "sampler": "ahmc_blackjax", "file": "tiny_tuning.npz"}
 
-    report = output.with_suffix(".md").read_text()
-    assert "## corr_gauss_2" in report and "| blackjax_nuts |" in report and "| numpyro_nuts |" in report
+    table = output.with_suffix(".md").read_text()
+    assert "## kidiq" in table and "| blackjax_nuts |" in table and "posteriordb reference, largest |z|" in table
+    report = (tmp_path / "tiny_report.md").read_text()
+    assert "## Targets" in report and "| kidiq | ahmc_blackjax |" in report and "### kidiq" in report
+    for figure in ("tiny_fig2_boxes_1.png", "tiny_fig3_ahmc_vs_nuts.png", "tiny_fig_tuning.png"):
+        assert f"]({figure})" in report and (tmp_path / figure).stat().st_size > 10_000
+
+
+def test_chees_runner_counts_every_chain():
+    """ChEES through the runner contract: 4 ensemble chains from 2 given starting points."""
+    pytest.importorskip("blackjax")
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, seed=0).astype(np.float32)
+    import jax
+
+    out = run.SAMPLERS["chees"](jax.random.key(0), model, positions, 60, 30, num_chains=4)
+    assert out.draws.shape == (4, 30, 2) and np.all(np.isfinite(out.draws))
+    assert out.num_grads_warmup.shape == out.num_grads_sampling.shape == (4,)
+    assert np.all(out.num_grads_warmup >= 60) and np.all(out.num_grads_sampling >= 30)
+    assert out.extra["num_chains"] == 4 and out.extra["step_size"] > 0
+    assert out.timing["compile_s"] > 0 and not out.timing["sampling_time_estimated"]
+
+
+def test_pymc_samplers_skip_models_without_a_pymc_version():
+    model = models.get_model("corr_gauss_2")._replace(name="eight_schools")
+    record = run.run_one("pymc_nuts", model, models.initial_positions(model, 2, 0), 10, 10, 0, {})
+    assert record["status"] == "skipped" and "no PyMC version of eight_schools" in record["reason"]
+    assert run.skip_reason("numpyro_nuts", model) is None and run.skip_reason("nutpie", model) is not None
+
+
+def test_targets_compare_ahmc_with_the_best_nuts():
+    from benchmarks import report
+
+    def record(model, sampler, grad, second, warm, rhat, z=None):
+        m = {"ess_per_grad": {"min": grad}, "ess_per_second": {"min": second},
+             "ess_per_grad_with_warmup": {"min": warm}, "rhat_max": rhat}
+        if z is not None:
+            m["max_abs_z_reference"] = z
+        return {"model": model, "sampler": sampler, "status": "ok", "metrics": m}
+
+    results = {"models": {"pima": {}, "kidiq": {}}, "runs": [
+        record("pima", "blackjax_nuts", 0.10, 50.0, 0.05, 1.001),
+        record("pima", "numpyro_nuts", 0.12, 40.0, 0.04, 1.002),
+        record("pima", "ahmc_blackjax", 0.15, 60.0, 0.07, 1.003),  # 1.25x the best NUTS: short of 1.3x
+        record("kidiq", "numpyro_nuts", 0.02, 10.0, 0.01, 1.0, z=0.5),
+        record("kidiq", "ahmc_numpyro", 0.03, 9.0, 0.01, 1.02, z=4.5),
+    ]}  # fmt: skip
+    pima, kidiq = report.targets(results)
+    assert pima["best_nuts"] == "numpyro_nuts" and pima["grad_ratio"] == pytest.approx(1.25) and not pima["grad_met"]
+    assert pima["second_ratio"] == pytest.approx(1.5) and pima["second_met"]
+    assert pima["warmup_ratio"] == pytest.approx(0.07 / 0.05) and pima["warmup_met"] and pima["rhat_met"]
+    assert kidiq["grad_ratio"] == pytest.approx(1.5) and kidiq["grad_met"] and "warmup_ratio" not in kidiq
+    assert not kidiq["second_met"] and not kidiq["z_met"] and not kidiq["rhat_met"]
+
+
+def test_lgcp_model_matches_its_definition():
+    jax = pytest.importorskip("jax")
+    cov = models.lgcp_covariance(4)
+    assert cov.shape == (16, 16) and cov[0, 0] == pytest.approx(1.91)
+    # cells (0, 0) and (1, 2) of a 4 x 4 grid: distance sqrt(5) cells = sqrt(5) / 4 on the unit square
+    assert cov[0, 6] == pytest.approx(1.91 * np.exp(-np.sqrt(5) / (4 / 33)))
+    data = models.simulate_lgcp(4)
+    np.testing.assert_allclose(data["chol"] @ data["chol"].T, cov, atol=1e-8)
+    np.testing.assert_array_equal(models.simulate_lgcp(4)["y"], data["y"])  # seeded: same data every time
+    model = models.lgcp(4)
+    z = np.random.default_rng(1).normal(size=(2, 16))
+    x = models.LGCP_MEAN + z @ data["chol"].T
+    expected = (data["y"] * x - np.exp(x) / 16).sum(axis=1) - 0.5 * (z**2).sum(axis=1)
+    with jax.enable_x64(True):
+        got = [float(model.logdensity_fn(jax.numpy.asarray(row))) for row in z]
+    np.testing.assert_allclose(np.diff(got), np.diff(expected), rtol=1e-9)
+    np.testing.assert_allclose(model.derived_fn(z[None])["x"][0], x)
+    assert model.truth["grid"] == 4 and model.dim == 16
+
+
+def _numpyro_logdensity_check(name, expected_fn):
+    """The flat log density's differences between random points equal a SciPy transcription's."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("numpyro")
+    with jax.enable_x64(True):
+        model = models.get_model(name)
+        points = np.random.default_rng(2).uniform(-1, 1, size=(3, model.dim))
+        got = np.asarray(jax.jit(jax.vmap(model.logdensity_fn))(jax.numpy.asarray(points)))
+        derived = model.derived_fn(points[None])
+    expected = np.array([expected_fn({k: v[0, i] for k, v in derived.items()}) for i in range(3)])
+    np.testing.assert_allclose(np.diff(got), np.diff(expected), rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.slow  # NumPyro model set-up and compilation: ~15-40 s
+def test_posteriordb_models_written_for_the_benchmark_match_their_math():
+    from scipy import stats
+
+    from benchmarks.posteriordb import load_data
+
+    earnings = load_data("earnings-logearn_height")
+    log_earn, height = np.log(earnings["earn"]), np.asarray(earnings["height"], float)
+    _numpyro_logdensity_check("earnings", lambda p: stats.norm.logpdf(
+        log_earn, p["beta"][0] + p["beta"][1] * height, p["sigma"]).sum() + np.log(p["sigma"]))
+
+    ark = load_data("arK-arK")
+    y = np.asarray(ark["y"], float)
+
+    def ark_logp(p):
+        mean = p["alpha"] + sum(p["beta"][k] * y[4 - k : len(y) - k - 1] for k in range(5))
+        return (stats.norm.logpdf(y[5:], mean, p["sigma"]).sum() + stats.norm.logpdf(p["alpha"], 0, 10)
+                + stats.norm.logpdf(p["beta"], 0, 10).sum() + stats.halfcauchy.logpdf(p["sigma"], scale=2.5)
+                + np.log(p["sigma"]))
+
+    _numpyro_logdensity_check("arK", ark_logp)
+
+    mix = np.asarray(load_data("low_dim_gauss_mix-low_dim_gauss_mix")["y"], float)
+
+    def mix_logp(p):
+        mu, sigma, theta = p["mu"], p["sigma"], p["theta"]
+        like = np.logaddexp(np.log(theta) + stats.norm.logpdf(mix, mu[0], sigma[0]),
+                            np.log1p(-theta) + stats.norm.logpdf(mix, mu[1], sigma[1])).sum()
+        prior = (stats.norm.logpdf(mu, 0, 2).sum() + stats.halfnorm.logpdf(sigma, scale=2).sum()
+                 + stats.beta.logpdf(theta, 5, 5))
+        jacobian = np.log(mu[1] - mu[0]) + np.log(sigma).sum() + np.log(theta) + np.log1p(-theta)
+        return like + prior + jacobian
+
+    _numpyro_logdensity_check("gauss_mix", mix_logp)
+
+
+@pytest.mark.slow  # NumPyro model set-up and compilation: ~15-40 s
+def test_posteriordb_models_name_every_reference_parameter():
+    jax = pytest.importorskip("jax")
+    from tests.reference import load_reference, select_stan_name
+
+    for name in ("eight_schools", "gp_pois_regr", "diamonds"):
+        with jax.enable_x64(True):
+            model = models.get_model(name)
+            draws = models.initial_positions(model, 2, 0)[:, None, :]
+            derived = model.derived_fn(draws)
+            assert np.isfinite(float(jax.jit(model.logdensity_fn)(jax.numpy.asarray(draws[0, 0]))))
+        reference = load_reference(model.reference)
+        for stan_name in reference["names"]:
+            assert select_stan_name(derived, stan_name).shape == (2, 1), (name, stan_name)
 
 
 def test_pymc_model_matches_the_jax_log_density():

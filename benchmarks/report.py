@@ -1,0 +1,405 @@
+"""Paper-style report of a benchmark results file: Markdown plus PNG figures beside it.
+
+    ./dev run python -m benchmarks.report benchmarks/results/<name>.json
+
+writes ``<name>_report.md`` and ``<name>_fig*.png`` next to the JSON (the
+benchmark run calls this at its end unless ``--no-figures``).  Everything is
+read back from the results file (and ``<name>_tuning.npz``, the AHMC tuning
+history the run saved), so the report can be rebuilt without sampling again.
+
+What it holds, after Wang, Mohamed & de Freitas (ICML 2013):
+
+* per model, a table like the paper's Table 1: ESS per gradient (= per
+  leapfrog step) min / median / max over coordinates, as mean +- sd over the
+  chains (each chain's ESS alone), plus the pooled numbers of the main report;
+* box plots of those per-chain numbers per model and sampler (Figure 2);
+* AHMC against NUTS chain by chain, min (red) / median (blue) / max (black),
+  on both axes the same starting point (Figure 3);
+* the LGCP latent field: truth, counts, and each sampler's posterior mean and
+  variance (Figure 4);
+* the tuner's learned reward surface with the arms tried, and a slice of the
+  GP with the acquisition (thesis Figures 4.1 and 4.2), for the first AHMC run;
+* the issue's targets, met or missed, computed from the numbers above.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["write_report", "targets", "summary_table", "chain_numbers"]
+
+AHMC = ("ahmc_blackjax", "ahmc_numpyro", "ahmc_pymc")
+NUTS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie")
+LOGISTIC = ("pima", "ripley", "breast_cancer")
+# Figure 3 pairs: the AHMC and NUTS of the same framework (same backend, same starting points per chain).
+PAIRS = (("ahmc_blackjax", "blackjax_nuts"), ("ahmc_numpyro", "numpyro_nuts"), ("ahmc_pymc", "pymc_nuts"))
+STATS = ("min", "median", "max")
+
+
+def _ok(results, model=None):
+    return [r for r in results["runs"] if r["status"] == "ok" and (model is None or r["model"] == model)]
+
+
+def _fmt(value, digits=3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+def chain_numbers(record: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Per-chain ESS per gradient: ``{"min", "median", "max"}`` -> array over chains."""
+    chains = record["metrics"]["per_chain"]
+    return {s: np.array([c["ess_per_grad"][s] for c in chains], dtype=float) for s in STATS}
+
+
+def _best(runs, names, key=("ess_per_grad", "min")):
+    values = [(r["metrics"][key[0]][key[1]], r["sampler"]) for r in runs if r["sampler"] in names]
+    values = [v for v in values if math.isfinite(v[0])]
+    return max(values) if values else (None, None)
+
+
+# --------------------------------------------------------------------------- #
+# Tables
+# --------------------------------------------------------------------------- #
+
+
+def table1(results, model) -> list[str]:
+    """The paper's Table 1 for one model: per-chain ESS/grad, mean +- sd over chains, x 100."""
+    lines = ["| sampler | chains | min | median | max | pooled min / median / max | max R-hat | max \\|z\\| |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in _ok(results, model):
+        per_chain = chain_numbers(r)
+        cells = [f"{100 * np.mean(v):.3g} ± {100 * np.std(v, ddof=1) if v.size > 1 else 0:.2g}"
+                 for v in (per_chain[s] for s in STATS)]
+        m = r["metrics"]
+        pooled = " / ".join(_fmt(100 * m["ess_per_grad"][s]) for s in STATS)
+        z = m.get("max_abs_z_reference", m.get("max_abs_z_mean"))
+        lines.append(f"| {r['sampler']} | {m['num_chains']} | {' | '.join(cells)} | {pooled} | "
+                     f"{_fmt(m['rhat_max'], 4)} | {_fmt(z)} |")
+    return lines
+
+
+def targets(results) -> list[dict[str, Any]]:
+    """The issue's targets per model and AHMC sampler: the measured ratio and whether it is met.
+
+    * min ESS/grad >= 1.3x the best NUTS on the logistic regressions, >= 1x elsewhere;
+    * min ESS/s >= NumPyro NUTS's;
+    * counting warm-up, min ESS/grad >= 1x the best NUTS's on the logistic regressions;
+    * largest |z| against the posteriordb reference <= 4;
+    * max R-hat < 1.01.
+    """
+    rows = []
+    for model in results["models"]:
+        runs = _ok(results, model)
+        best, best_name = _best(runs, NUTS)
+        best_w, _ = _best(runs, NUTS, ("ess_per_grad_with_warmup", "min"))
+        numpyro = next((r for r in runs if r["sampler"] == "numpyro_nuts"), None)
+        for r in runs:
+            if r["sampler"] not in AHMC:
+                continue
+            m = r["metrics"]
+            row: dict[str, Any] = {"model": model, "sampler": r["sampler"], "best_nuts": best_name}
+            need = 1.3 if model in LOGISTIC else 1.0
+            if best:
+                row["grad_ratio"] = m["ess_per_grad"]["min"] / best
+                row["grad_met"] = row["grad_ratio"] >= need
+            row["grad_need"] = need
+            if numpyro is not None and numpyro["metrics"]["ess_per_second"]["min"] > 0:
+                row["second_ratio"] = m["ess_per_second"]["min"] / numpyro["metrics"]["ess_per_second"]["min"]
+                row["second_met"] = row["second_ratio"] >= 1.0
+            if model in LOGISTIC and best_w:
+                row["warmup_ratio"] = m["ess_per_grad_with_warmup"]["min"] / best_w
+                row["warmup_met"] = row["warmup_ratio"] >= 1.0
+            if "max_abs_z_reference" in m:
+                row["z"] = m["max_abs_z_reference"]
+                row["z_met"] = row["z"] <= 4.0
+            row["rhat"] = m["rhat_max"]
+            row["rhat_met"] = m["rhat_max"] < 1.01
+            rows.append(row)
+    return rows
+
+
+def _mark(row, value, met, digits=3, suffix="x") -> str:
+    if row.get(value) is None:
+        return "-"
+    return f"{row[value]:.{digits}g}{suffix} {'met' if row[met] else '**missed**'}"
+
+
+def targets_table(results) -> list[str]:
+    lines = ["| model | AHMC | min ESS/grad vs best NUTS (need) | min ESS/s vs NumPyro NUTS | "
+             "w/ warm-up vs best NUTS (logistic) | max \\|z\\| ref. (<= 4) | max R-hat (< 1.01) |",
+             "|---|---|---|---|---|---|---|"]
+    for row in targets(results):
+        lines.append(
+            f"| {row['model']} | {row['sampler']} | {_mark(row, 'grad_ratio', 'grad_met')} ({row['grad_need']}x, "
+            f"{row['best_nuts'] or '-'}) | {_mark(row, 'second_ratio', 'second_met')} | "
+            f"{_mark(row, 'warmup_ratio', 'warmup_met')} | {_mark(row, 'z', 'z_met', suffix='')} | "
+            f"{_mark(row, 'rhat', 'rhat_met', 4, '')} |")
+    return lines
+
+
+def summary_table(results, sampler="ahmc_blackjax") -> str:
+    """A short table for the README: one AHMC sampler against the best NUTS on every model."""
+    lines = ["| model | d | min ESS/grad AHMC | best NUTS (which) | ratio | min ESS/s AHMC / NumPyro NUTS | "
+             "max R-hat AHMC | max \\|z\\| AHMC |", "|---|---|---|---|---|---|---|---|"]
+    for model, info in results["models"].items():
+        runs = _ok(results, model)
+        mine = next((r for r in runs if r["sampler"] == sampler), None)
+        if mine is None:
+            continue
+        m = mine["metrics"]
+        best, name = _best(runs, NUTS)
+        numpyro = next((r for r in runs if r["sampler"] == "numpyro_nuts"), None)
+        per_s = (m["ess_per_second"]["min"] / numpyro["metrics"]["ess_per_second"]["min"]
+                 if numpyro and numpyro["metrics"]["ess_per_second"]["min"] > 0 else None)
+        z = m.get("max_abs_z_reference", m.get("max_abs_z_mean"))
+        lines.append(f"| {model} | {info['dim']} | {_fmt(m['ess_per_grad']['min'])} | {_fmt(best)} ({name or '-'}) | "
+                     f"{_fmt(m['ess_per_grad']['min'] / best) + 'x' if best else '-'} | "
+                     f"{_fmt(per_s) + 'x' if per_s else '-'} | {_fmt(m['rhat_max'], 4)} | {_fmt(z)} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- #
+# Figures
+# --------------------------------------------------------------------------- #
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_boxes(results, models):
+    """Figure 2: per model (rows) and statistic (columns), box plots over chains of ESS/grad per sampler."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(models), 3, figsize=(12, 2.6 * len(models) + 0.6), squeeze=False,
+                             layout="constrained")
+    for row, model in enumerate(models):
+        runs = _ok(results, model)
+        names = [r["sampler"] for r in runs]
+        per_chain = [chain_numbers(r) for r in runs]
+        for col, stat in enumerate(STATS):
+            ax = axes[row, col]
+            data = [np.where(np.isfinite(p[stat]), p[stat], np.nan) for p in per_chain]
+            data = [d[np.isfinite(d)] for d in data]
+            if names:
+                ax.boxplot(data, tick_labels=names, showfliers=True)
+                ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+            ax.set_title(f"{model}: {stat} ESS/grad", fontsize=9)
+            ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def figure_scatter(results, models):
+    """Figure 3: AHMC (y) against NUTS (x) per chain; min red, median blue, max black; diagonal."""
+    plt = _pyplot()
+    from matplotlib.ticker import NullFormatter
+
+    panels = []
+    for model in models:
+        runs = {r["sampler"]: r for r in _ok(results, model)}
+        for ahmc, nuts in PAIRS:
+            if ahmc in runs and nuts in runs and len(runs[ahmc]["metrics"]["per_chain"]) == len(
+                    runs[nuts]["metrics"]["per_chain"]):
+                panels.append((model, ahmc, nuts, chain_numbers(runs[ahmc]), chain_numbers(runs[nuts])))
+    if not panels:
+        return None
+    columns = min(4, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.3 * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (model, ahmc, nuts, a, n) in zip(axes.flat, panels):
+        values = []
+        for stat, color in zip(STATS, ("red", "blue", "black")):
+            ax.scatter(n[stat], a[stat], color=color, s=18, label=stat)
+            values += [v for v in (*n[stat], *a[stat]) if np.isfinite(v) and v > 0]
+        if values:
+            lo, hi = min(values) / 1.5, max(values) * 1.5
+            ax.plot([lo, hi], [lo, hi], color="0.5", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            for axis in (ax.xaxis, ax.yaxis):  # decade labels only: minor labels overlap on a log axis
+                axis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"{nuts} ESS/grad", fontsize=8)
+        ax.set_ylabel(f"{ahmc} ESS/grad", fontsize=8)
+        ax.set_title(model, fontsize=9)
+        ax.legend(fontsize=6)
+    return fig
+
+
+def figure_field(results, model):
+    """Figure 4: true LGCP field and counts, then each sampler's posterior mean and variance of the field."""
+    from .models import get_model
+
+    runs = [r for r in _ok(results, model) if "field" in r["metrics"]]
+    if not runs:
+        return None
+    truth = get_model(model).truth  # the simulation is seeded: the same field as in the run
+    grid = truth["grid"]
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(runs) + 1, 2, figsize=(7, 3.2 * (len(runs) + 1)), squeeze=False,
+                             layout="constrained")
+    means = [np.asarray(r["metrics"]["field"]["mean"]) for r in runs]
+    variances = [np.asarray(r["metrics"]["field"]["var"]) for r in runs]
+    lo, hi = min(truth["x"].min(), *(m.min() for m in means)), max(truth["x"].max(), *(m.max() for m in means))
+    image = axes[0, 0].imshow(truth["x"].reshape(grid, grid), vmin=lo, vmax=hi, cmap="viridis")
+    axes[0, 0].set_title("true latent field x", fontsize=9)
+    fig.colorbar(image, ax=axes[0, 0])
+    image = axes[0, 1].imshow(truth["y"].reshape(grid, grid), cmap="Greys")
+    axes[0, 1].set_title(f"counts y ({int(truth['y'].sum())} points)", fontsize=9)
+    fig.colorbar(image, ax=axes[0, 1])
+    vmax = max(v.max() for v in variances)
+    for row, (r, mean, var) in enumerate(zip(runs, means, variances), start=1):
+        image = axes[row, 0].imshow(mean.reshape(grid, grid), vmin=lo, vmax=hi, cmap="viridis")
+        axes[row, 0].set_title(f"{r['sampler']}: posterior mean", fontsize=9)
+        fig.colorbar(image, ax=axes[row, 0])
+        image = axes[row, 1].imshow(var.reshape(grid, grid), vmin=0, vmax=vmax, cmap="magma")
+        axes[row, 1].set_title(f"{r['sampler']}: posterior variance", fontsize=9)
+        fig.colorbar(image, ax=axes[row, 1])
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return fig
+
+
+def load_tuning(path: Path):
+    """The TuningHistory saved by the run (``<name>_tuning.npz``) and the options it ran with."""
+    from ahmc.adapters.diagnostics import history_from_blackjax
+
+    with np.load(path) as saved:
+        info = {key[len("info_"):]: saved[key] for key in saved.files if key.startswith("info_")}
+        box = (saved["step_size_box"], saved["num_steps_box"])
+        options = json.loads(str(saved["options"]))
+    known = ("capacity", "lengthscale", "noise_variance", "alpha", "delta", "schedule", "k", "decay",
+             "num_step_sizes", "max_integration_time", "step_size_factors", "metric_fraction", "round_length",
+             "adapt_mass_matrix", "log_step_size")
+    options = {k: v for k, v in options.items() if k in known}
+    return history_from_blackjax(info, search_box=box, **options)
+
+
+def figure_tuning(path: Path, title: str):
+    """Thesis Figures 4.1 and 4.2: reward surface with the arms, and a GP slice with the acquisition."""
+    from ahmc.adapters.plots import plot_reward_surface, plot_surrogate_slice
+
+    history = load_tuning(path)
+    plt = _pyplot()
+    fig = plt.figure(figsize=(12, 4.8), layout="constrained")
+    left, right = fig.subfigures(1, 2, width_ratios=(1.1, 1))
+    plot_reward_surface(history, tuner=0, ax=left.subplots())
+    plot_surrogate_slice(history, along="step_size", tuner=0, axes=right.subplots(2, 1, sharex=True,
+                                                                                   height_ratios=(2, 1)))
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+# --------------------------------------------------------------------------- #
+# The report
+# --------------------------------------------------------------------------- #
+
+
+def write_report(json_path: str | Path) -> Path:
+    """Write ``<stem>_report.md`` and its PNG figures beside ``json_path``; returns the Markdown path."""
+    json_path = Path(json_path)
+    results = json.loads(json_path.read_text())
+    stem, folder = json_path.stem, json_path.parent
+    env, settings = results["environment"], results["settings"]
+    plt = _pyplot()
+
+    def save(fig, suffix) -> str | None:
+        if fig is None:
+            return None
+        name = f"{stem}_{suffix}.png"
+        fig.savefig(folder / name, dpi=90)
+        plt.close(fig)
+        return name
+
+    complete = results.get("complete", False)
+    missing: dict[str, list[str]] = {}
+    if not complete:  # an interrupted run: report the models that started, and what did not run
+        started = {r["model"] for r in results["runs"]}
+        for model in results["models"]:
+            ran = {r["sampler"] for r in results["runs"] if r["model"] == model}
+            missing[model] = [name for name in settings["samplers"] if name not in ran]
+        results["models"] = {m: info for m, info in results["models"].items() if m in started}
+        not_started = [m for m in settings["models"] if m not in started]
+        from .run import markdown_report
+
+        json_path.with_suffix(".md").write_text(markdown_report(results) + "\n")
+    models = list(results["models"])
+    lines = [
+        f"# Benchmark report: AHMC against NUTS ({results['mode']} mode)",
+        "",
+        f"Command: `{env['command']}` ({env['date_utc']}, seed {env['seed']}, {settings['dtype']}, "
+        f"{settings['num_chains']} chains per sampler except ChEES), on {env['cpu_model']} with "
+        f"{env['nproc']} CPU cores shared with other jobs; git {str(env['git_commit'])[:10]}. "
+        + (f"Total {results['total_elapsed_s'] / 60:.0f} min." if complete else
+           "**The run was interrupted**: models not started: "
+           f"{', '.join(not_started) or 'none'}; samplers that did not run are listed under each model."),
+        "",
+        f"Numbers: `{json_path.name}`; the full per-run table (ESS/s, compile times, divergences) is "
+        f"`{json_path.with_suffix('.md').name}`. ESS per gradient = bulk ESS (ArviZ) per leapfrog step of the "
+        "sampling phase, the paper's ESS/L. Per chain: each chain's ESS over its own gradients. "
+        "ChEES runs 16 chains (its adaptation needs an ensemble); its ESS pools them and its gradients count them all.",
+        "",
+        "## Targets (issue 8), met or missed",
+        "",
+        *targets_table(results),
+        "",
+        "## Per model: ESS per gradient x 100, mean ± sd over chains (as the paper's Table 1)",
+        "",
+    ]
+    for model in models:
+        info = results["models"][model]
+        lines += [f"### {model}: {info['description']} (d = {info['dim']}, {info['num_warmup']} warm-up + "
+                  f"{info['num_samples']} draws per chain)", "", *table1(results, model)]
+        skipped = [r for r in results["runs"] if r["model"] == model and r["status"] != "ok"]
+        for r in skipped:
+            lines.append(f"\n{r['sampler']}: {r['status']} ({r['reason'].splitlines()[0][:200]})")
+        if missing.get(model):
+            lines.append(f"\nNot run (the run was interrupted): {', '.join(missing[model])}.")
+        lines.append("")
+
+    lines += ["## Figures", ""]
+    for index in range(0, len(models), 6):
+        chunk = models[index:index + 6]
+        name = save(figure_boxes(results, chunk), f"fig2_boxes_{index // 6 + 1}")
+        lines += [f"Per-chain ESS per gradient (min / median / max over coordinates), {', '.join(chunk)} "
+                  "(the paper's Figure 2):", "", f"![boxes]({name})", ""]
+    name = save(figure_scatter(results, models), "fig3_ahmc_vs_nuts")
+    if name:
+        lines += ["AHMC against NUTS of the same framework, one glyph per chain and statistic; above the diagonal "
+                  "AHMC is better (the paper's Figure 3):", "", f"![scatter]({name})", ""]
+    for model in models:
+        if model.startswith("lgcp"):
+            name = save(figure_field(results, model), f"fig4_{model}_field")
+            if name:
+                lines += [f"{model}: the true latent field and counts (top), each sampler's posterior mean "
+                          "and variance of the field (the paper's Figure 4):", "", f"![field]({name})", ""]
+    tuning = results.get("tuning")
+    if tuning and (folder / tuning["file"]).exists():
+        title = f"{tuning['sampler']} on {tuning['model']}: learned reward surface and GP slice (pooled tuner)"
+        name = save(figure_tuning(folder / tuning["file"], title), "fig_tuning")
+        lines += [f"What the tuner learned on {tuning['model']} ({tuning['sampler']}, whole run): the GP mean "
+                  "reward over the box with the arms tried (thesis Figure 4.1) and a slice at the chosen L with "
+                  "the UCB acquisition (thesis Figure 4.2):", "", f"![tuning]({name})", ""]
+    path = folder / f"{stem}_report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    for argument in sys.argv[1:]:
+        print(write_report(argument))
