@@ -238,3 +238,7 @@ def _unbatch(state: AdaptiveHMCState) -> AdaptiveHMCState:
               if name not in ("engine", "rng_key", "i")}
     i = state.i[0] if jnp.ndim(state.i) else state.i
     return AdaptiveHMCState(i=i, engine=state.engine, rng_key=state.rng_key, **fields)
+
+
+# Cross-validated (predictive) adaptation lives in its own module; re-exported here for users.
+from .numpyro_predictive import CrossValidation, cross_validate  # noqa: E402,F401

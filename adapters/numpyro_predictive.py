@@ -16,6 +16,7 @@ likelihood of its held-out cases.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,14 +77,26 @@ def predictive_average(model, samples: dict, X, y=None, *, obs_site: str = "y", 
     ``samples``: constrained draws with one leading draw axis (as from ``MCMC.get_samples()``).
     Returns ``(mean, log_density)``, ``log_density`` ``None`` without ``y``.
     """
-    def one(params):
-        dist = _observation(model, params, X, y, obs_site)
-        return dist.mean, (_case_log_prob(dist, y) if y is not None else jnp.zeros(dist.batch_shape[:1]))
-
     num_draws = jax.tree.leaves(samples)[0].shape[0]
-    means, logps = jax.lax.map(one, samples, batch_size=min(batch_size, num_draws))
-    mean = jnp.mean(means, axis=0)
-    return mean, (logsumexp(logps, axis=0) - jnp.log(num_draws) if y is not None else None)
+    fn = _averager(model, obs_site, y is not None, min(batch_size, num_draws))
+    mean, log_density = fn(samples, X, y)
+    return mean, (log_density if y is not None else None)
+
+
+@functools.lru_cache(maxsize=32)
+def _averager(model, obs_site, with_y, batch_size):
+    """One jitted draw-average per (model, site, mode): folds and repeated calls reuse its compilation."""
+    def one(params, X, y):
+        dist = _observation(model, params, X, y, obs_site)
+        return dist.mean, (_case_log_prob(dist, y) if with_y else jnp.zeros(dist.batch_shape[:1]))
+
+    @jax.jit
+    def average(samples, X, y):
+        means, logps = jax.lax.map(lambda p: one(p, X, y), samples, batch_size=batch_size)
+        num_draws = means.shape[0]
+        return jnp.mean(means, axis=0), logsumexp(logps, axis=0) - jnp.log(num_draws)
+
+    return average
 
 
 @dataclass
@@ -188,7 +201,7 @@ def cross_validate(
     run = run_cross_validation(key_run, logdensity_fn, predict_fn, y, held_out, x0, num_warmup=num_warmup,
                                num_samples=num_samples, loss=loss, **options)
     draws = jnp.asarray(run.positions)
-    samples = jax.vmap(jax.vmap(constrained))(draws)
+    samples = jax.jit(jax.vmap(jax.vmap(constrained)))(draws)
 
     # The final CV estimate: each fold's predictions averaged over all its draws.
     loss_fn = get_loss(loss)
@@ -202,11 +215,13 @@ def cross_validate(
 
 
 def nuts_at_budget(model, X, y, *, rng_key, num_chains: int, num_warmup: int, num_gradients: float,
-                   max_samples: int = 100_000):
-    """NumPyro NUTS baseline with (about) a given number of sampling-phase gradients per chain.
+                   budget_includes_warmup: bool = False, max_samples: int = 100_000):
+    """NumPyro NUTS baseline with (about) a given number of gradient evaluations per chain.
 
     Runs ``num_chains`` vectorized chains on all of ``(X, y)``: warm-up first, then as many
-    draws as ``num_gradients`` divided by the mean tree size of the last half of warm-up.
+    draws as the budget left (``num_gradients``, minus the warm-up's gradients when
+    ``budget_includes_warmup``) divided by the mean tree size of the last half of warm-up
+    (at least 10 draws).
     Returns ``(samples, gradients)``: constrained draws (chains flattened) and a dict of the
     gradient evaluations per chain in ``warmup`` and ``sampling``.
     """
@@ -216,6 +231,8 @@ def nuts_at_budget(model, X, y, *, rng_key, num_chains: int, num_warmup: int, nu
     mcmc.warmup(key_warm, X, y, extra_fields=("num_steps",), collect_warmup=True)
     warm_steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_steps"], float)
     per_draw = float(np.mean(warm_steps[:, warm_steps.shape[1] // 2:]))
+    if budget_includes_warmup:
+        num_gradients = num_gradients - float(np.mean(warm_steps.sum(axis=1)))
     num_draws = int(min(max(round(num_gradients / per_draw), 10), max_samples))
     mcmc.num_samples = num_draws
     mcmc.run(key_run, X, y, extra_fields=("num_steps",))

@@ -6,8 +6,9 @@ n chains, chain ``c`` conditioned on every fold but ``c``.  All chains share
 one arm ``(step-size factor, L)`` of one GP-UCB tuner.  After every round each
 chain predicts its own held-out fold, averaging its predictions over the
 *round's* draws only; the loss of those predictions, averaged over the folds,
-is the round's cost and minus it the reward (one GP observation of weight
-``num_chains``).
+is the round's cost ``L``.  The tuner receives a positive decreasing function
+of it, ``2 L_ref / (L_ref + L)`` (:func:`reward_from_loss`; it ranks arms like
+``-L``), as one GP observation of weight ``num_chains``.
 
 Framework-free apart from JAX/BlackJAX: the model enters as two functions of
 the flattened unconstrained position ``x``::
@@ -42,10 +43,11 @@ probability is 1 during warm-up and decays as ``(i - k + 1)^(-1/2)`` after it.
 Super-transitions (thesis section 3.2, after Neal).  With
 ``super_transitions=B`` every round spends the same leapfrog budget instead of
 the same number of iterations: a round with maximum ``L`` makes
-``round(B / E[L_t]) = round(2 B / (L + 1))`` transitions (``L_t ~ U{1..L}``),
-decided at the round start from the arm alone, so every arm's reward is the
-loss reached with (in expectation) ``B`` gradient evaluations per chain and
-long trajectories are not favoured merely for being expensive.
+``B / E[L_t] = 2 B / (L + 1)`` transitions (``L_t ~ U{1..L}``; stochastic
+rounding to an integer, ``L`` capped at ``2 B - 1``), decided at the round
+start from the arm alone.  Every arm's reward is then the loss reached with,
+in expectation, exactly ``B`` gradient evaluations per chain, so arms with
+large ``L`` are not favoured merely for spending more computation per round.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ __all__ = [
     "negative_log_predictive_density",
     "fold_masks",
     "predictive_loss",
+    "reward_from_loss",
     "CrossValidationRun",
     "run_cross_validation",
 ]
@@ -151,7 +154,8 @@ class CrossValidationRun(NamedTuple):
     positions : (C, S, D)     sampling-phase draws of every fold chain (flat, unconstrained)
     held_out : (C, n) bool    held-out fold of every chain
     history : dict            one entry per GP round: ``step_size_factor``, ``num_steps`` (L),
-                              ``num_iterations``, ``reward``, ``fold_losses`` (R, C),
+                              ``num_iterations``, ``loss`` (fold mean), ``reward`` (the tuner's),
+                              ``fold_losses`` (R, C),
                               ``num_gradients`` (per chain), ``acceptance_rate``,
                               ``num_divergent``, ``is_warmup``, ``arm_changed``
     step_size : (C,)          warm-up step size ``eps*`` of every fold
@@ -191,9 +195,9 @@ def run_cross_validation(
     round_length: int = 10,
     super_transitions: int | None = None,
     metric_fraction: float = 0.5,
-    step_size_factors: tuple[float, float] = (0.5, 2.0),
+    step_size_factors: tuple[float, float] = (0.5, 3.0),
     max_integration_time: float = 4 * math.pi,
-    num_steps_cap: int = 256,
+    num_steps_cap: int = 1024,
     target_acceptance_rate: float = 0.8,
     num_step_sizes: int = 50,
     capacity: int = 64,
@@ -272,6 +276,8 @@ def run_cross_validation(
     _check_finite_warmup(eps_star)
     eps_ref = float(np.median(eps_star))
     l_hi = int(min(max(math.ceil(max_integration_time / eps_ref), 2), num_steps_cap))
+    if super_transitions is not None:
+        l_hi = max(2, min(l_hi, 2 * int(super_transitions) - 1))  # every arm fits one transition
     space = search_space((lo_f, hi_f), (1, l_hi), num_step_sizes=num_step_sizes, log_step_size=True)
     tuner = gp_ucb(space, initial_arm=(1.0, max(1, math.ceil(1.5 / eps_ref))), capacity=capacity,
                    lengthscale=lengthscale, noise_variance=noise_variance, alpha=alpha, delta=delta,
@@ -289,23 +295,26 @@ def run_cross_validation(
     carry = _Carry(positions, ld, grad)
     eps_star_j = jnp.asarray(eps_star, dtype)
     imm_j = jnp.asarray(imm, dtype)
-    rows, kept = [], []
+    rows, kept, reference_loss = [], [], None
     total_rounds = num_warmup_rounds + num_sampling_rounds
     keys = jax.random.split(key_rounds, total_rounds)
     for r in range(total_rounds):
         is_warmup = r < num_warmup_rounds
         factor, num_steps = (float(v) for v in tuner.arm(tuner_state))
         num_steps = int(num_steps)
+        key_round, key_tuner = jax.random.split(keys[r])
         if super_transitions is None:
             num_iterations = round_length
         else:
-            num_iterations = int(min(max(round(2.0 * super_transitions / (num_steps + 1)), 1), max_iterations))
-        key_round, key_tuner = jax.random.split(keys[r])
+            num_iterations = _super_transition_length(super_transitions, num_steps, key_tuner)
         carry, draws, fold_losses, stats = round_fn(
             key_round, carry, factor * eps_star_j, jnp.asarray(num_steps, jnp.int32),
             jnp.asarray(num_iterations, jnp.int32), imm_j)
         fold_losses = np.asarray(fold_losses)
-        reward = -float(np.mean(fold_losses))
+        loss_value = float(np.mean(fold_losses))
+        if reference_loss is None and loss_value > 0:
+            reference_loss = loss_value
+        reward = reward_from_loss(loss_value, reference_loss)
         previous_arm = int(tuner_state.arm)
         tuner_state, _ = update(tuner_state, jnp.asarray(reward, dtype),
                                 jax.random.uniform(key_tuner, (), dtype), float(num_chains))
@@ -314,7 +323,7 @@ def run_cross_validation(
         if keep_warmup or not is_warmup:
             kept.append(np.asarray(draws)[:num_iterations])
         rows.append(dict(step_size_factor=factor, num_steps=num_steps, num_iterations=num_iterations,
-                         reward=reward, fold_losses=fold_losses,
+                         loss=loss_value, reward=reward, fold_losses=fold_losses,
                          num_gradients=float(np.mean(np.asarray(stats["num_gradients"]))),
                          acceptance_rate=float(np.mean(np.asarray(stats["acceptance"]))) / num_iterations,
                          num_divergent=int(np.sum(np.asarray(stats["num_divergent"]))),
@@ -330,6 +339,34 @@ def run_cross_validation(
                        "sampling": float(np.sum(gp_grads[~history["is_warmup"]]))},
         tuner_state=tuner_state, tuner=tuner,
     )
+
+
+def reward_from_loss(loss, reference_loss):
+    """The tuner's reward for a round's cross-validation loss: ``2 L_ref / (L_ref + L)``.
+
+    Any decreasing function of the loss ranks arms like ``-L``; this one is positive, 1
+    at the reference loss ``L_ref`` (the first positive round loss), 2 at zero loss.
+    Positive rewards matter: the GP's prior mean is 0 and the tuner rescales rewards so
+    that the best is ``alpha``, so with ``-L`` every visited arm would look worse than
+    any unvisited one and the tuner would only explore.  With positive rewards an
+    unvisited arm is worth only its exploration bonus, as with the paper's ESJD.
+    """
+    if reference_loss is None:  # every round so far had zero loss
+        return 2.0
+    return 2.0 * reference_loss / (reference_loss + loss)
+
+
+def _super_transition_length(budget, num_steps, rng_key):
+    """Iterations of a round with leapfrog ``budget``: ``2 B / (L + 1)`` with stochastic rounding.
+
+    ``L_t ~ U{1..L}`` has mean ``(L + 1) / 2``; rounding up with probability equal to the
+    fractional part makes the expected number of leapfrog steps of the round exactly ``B``
+    (``L <= 2 B - 1`` keeps the ratio >= 1).
+    """
+    ratio = 2.0 * budget / (num_steps + 1)
+    whole = math.floor(ratio)
+    up = float(jax.random.uniform(jax.random.fold_in(rng_key, 1))) < ratio - whole
+    return int(min(max(whole + up, 1), budget))
 
 
 def _check_finite_warmup(eps_star):
