@@ -215,7 +215,7 @@ def cross_validate(
 
 
 def nuts_at_budget(model, X, y, *, rng_key, num_chains: int, num_warmup: int, num_gradients: float,
-                   budget_includes_warmup: bool = False, max_samples: int = 100_000):
+                   budget_includes_warmup: bool = False, max_tree_depth: int = 10, max_samples: int = 100_000):
     """NumPyro NUTS baseline with (about) a given number of gradient evaluations per chain.
 
     Runs ``num_chains`` vectorized chains on all of ``(X, y)``: warm-up first, then as many
@@ -225,8 +225,8 @@ def nuts_at_budget(model, X, y, *, rng_key, num_chains: int, num_warmup: int, nu
     Returns ``(samples, gradients)``: constrained draws (chains flattened) and a dict of the
     gradient evaluations per chain in ``warmup`` and ``sampling``.
     """
-    mcmc = MCMC(NUTS(model), num_warmup=num_warmup, num_samples=1, num_chains=num_chains,
-                chain_method="vectorized", progress_bar=False)
+    mcmc = MCMC(NUTS(model, max_tree_depth=max_tree_depth), num_warmup=num_warmup, num_samples=1,
+                num_chains=num_chains, chain_method="vectorized", progress_bar=False)
     key_warm, key_run = jax.random.split(rng_key)
     mcmc.warmup(key_warm, X, y, extra_fields=("num_steps",), collect_warmup=True)
     warm_steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_steps"], float)

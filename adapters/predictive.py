@@ -199,6 +199,7 @@ def run_cross_validation(
     max_integration_time: float = 4 * math.pi,
     num_steps_cap: int = 1024,
     target_acceptance_rate: float = 0.8,
+    max_tree_depth: int = 10,
     num_step_sizes: int = 50,
     capacity: int = 64,
     lengthscale: float = 0.2,
@@ -233,6 +234,8 @@ def run_cross_validation(
     super_transitions
         Leapfrog budget per chain and round (see the module docstring), or
         ``None`` for rounds of ``round_length`` iterations.
+    max_tree_depth
+        Maximum number of NUTS doublings in the metric phase (BlackJAX's default 10).
     keep_warmup
         Also return the GP-warm-up draws (prepended to ``positions``).
     """
@@ -272,7 +275,7 @@ def run_cross_validation(
 
     # 1. Metric phase: Stan-style window adaptation (BlackJAX, NUTS) on every fold.
     positions, eps_star, imm, warm_grads = _window_adaptation(
-        key_warm, logdensity_fn, x0, train_masks, metric_steps, target_acceptance_rate)
+        key_warm, logdensity_fn, x0, train_masks, metric_steps, target_acceptance_rate, max_tree_depth)
     _check_finite_warmup(eps_star)
     eps_ref = float(np.median(eps_star))
     l_hi = int(min(max(math.ceil(max_integration_time / eps_ref), 2), num_steps_cap))
@@ -377,14 +380,15 @@ def _check_finite_warmup(eps_star):
             "density is finite at the initial positions, or start closer to the bulk.")
 
 
-def _window_adaptation(rng_key, logdensity_fn, x0, train_masks, num_steps, target_acceptance_rate):
+def _window_adaptation(rng_key, logdensity_fn, x0, train_masks, num_steps, target_acceptance_rate,
+                       max_tree_depth):
     """BlackJAX NUTS window adaptation on every fold: positions, step sizes, diagonal imm, gradients."""
     info_fn = get_filter_adapt_info_fn(info_keys={"num_integration_steps"})
 
     def one(key, x, mask):
         warmup = blackjax.window_adaptation(
             blackjax.nuts, lambda z: logdensity_fn(z, mask), target_acceptance_rate=target_acceptance_rate,
-            adaptation_info_fn=info_fn)
+            adaptation_info_fn=info_fn, max_num_doublings=max_tree_depth)
         (state, parameters), info = warmup.run(key, x, num_steps=num_steps)
         return (state.position, parameters["step_size"], parameters["inverse_mass_matrix"],
                 jnp.sum(info.info.num_integration_steps))

@@ -27,8 +27,8 @@ from ahmc.adapters.bnn import make_bnn
 from ahmc.adapters.numpyro_predictive import cross_validate, nuts_at_budget, predictive_average
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "breast_cancer.csv"
-FULL = dict(hidden=(20, 8), num_folds=10, num_warmup=1000, num_samples=2000, num_test=169)
-QUICK = dict(hidden=(4,), num_folds=3, num_warmup=60, num_samples=40, num_test=169)
+FULL = dict(hidden=(20, 8), num_folds=10, num_warmup=1000, num_samples=2000, num_test=169, max_tree_depth=10)
+QUICK = dict(hidden=(4,), num_folds=3, num_warmup=100, num_samples=60, num_test=169, max_tree_depth=6)
 
 
 def load_split(num_test, seed=2003):
@@ -48,8 +48,8 @@ def error_rate(probability, y):
     return float(np.mean((np.asarray(probability) > 0.5).astype(np.int32) != y))
 
 
-def main(quick=False, seed=0, output=None, super_transitions=None):
-    settings = QUICK if quick else FULL
+def main(quick=False, seed=0, output=None, super_transitions=None, **overrides):
+    settings = {**(QUICK if quick else FULL), **overrides}
     X, y, X_test, y_test = load_split(settings["num_test"])
     model = make_bnn("classification", hidden=settings["hidden"])
     key_ahmc, key_nuts = jax.random.split(jax.random.key(seed))
@@ -57,7 +57,8 @@ def main(quick=False, seed=0, output=None, super_transitions=None):
     start = time.perf_counter()
     cv = cross_validate(model, X, y, rng_key=key_ahmc, num_folds=settings["num_folds"],
                         loss="classification_error", num_warmup=settings["num_warmup"],
-                        num_samples=settings["num_samples"], super_transitions=super_transitions)
+                        num_samples=settings["num_samples"], super_transitions=super_transitions,
+                        max_tree_depth=settings["max_tree_depth"])
     ahmc_seconds = time.perf_counter() - start
     fold_probs, _ = cv.predict(X_test)
     fold_errors = [error_rate(p, y_test) for p in np.asarray(fold_probs)]
@@ -69,7 +70,8 @@ def main(quick=False, seed=0, output=None, super_transitions=None):
     start = time.perf_counter()
     nuts_samples, nuts_grads = nuts_at_budget(model, X, y, rng_key=key_nuts, num_chains=settings["num_folds"],
                                               num_warmup=settings["num_warmup"], num_gradients=budget,
-                                              budget_includes_warmup=True)
+                                              budget_includes_warmup=True,
+                                              max_tree_depth=settings["max_tree_depth"])
     nuts_seconds = time.perf_counter() - start
     nuts_prob, _ = predictive_average(model, nuts_samples, X_test)
     history = cv.history
@@ -123,6 +125,10 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--super-transitions", type=int, default=None)
+    parser.add_argument("--num-warmup", type=int, default=None)
+    parser.add_argument("--num-samples", type=int, default=None)
     parser.add_argument("--output", default=None, help="results path without suffix (writes .json and .md)")
     args = parser.parse_args()
-    main(quick=args.quick, seed=args.seed, output=args.output, super_transitions=args.super_transitions)
+    overrides = {name: value for name, value in (("num_warmup", args.num_warmup), ("num_samples", args.num_samples))
+                 if value is not None}
+    main(quick=args.quick, seed=args.seed, output=args.output, super_transitions=args.super_transitions, **overrides)

@@ -24,8 +24,8 @@ import numpy as np
 from ahmc.adapters.bnn import make_bnn
 from ahmc.adapters.numpyro_predictive import cross_validate, nuts_at_budget, predictive_average
 
-FULL = dict(hidden=16, num_folds=8, num_warmup=1000, num_samples=4000)
-QUICK = dict(hidden=4, num_folds=4, num_warmup=150, num_samples=100)
+FULL = dict(hidden=16, num_folds=8, num_warmup=1000, num_samples=4000, max_tree_depth=10)
+QUICK = dict(hidden=4, num_folds=4, num_warmup=150, num_samples=100, max_tree_depth=6)
 
 
 def robot_arm_data(num_cases, rng):
@@ -41,8 +41,8 @@ def test_mse(prediction, y):
     return float(np.mean(np.sum((np.asarray(prediction) - y) ** 2, axis=1)))
 
 
-def main(quick=False, seed=0, output=None, super_transitions=None):
-    settings = QUICK if quick else FULL
+def main(quick=False, seed=0, output=None, super_transitions=None, **overrides):
+    settings = {**(QUICK if quick else FULL), **overrides}
     rng = np.random.default_rng(1992)
     X, y = robot_arm_data(200, rng)
     X_test, y_test = robot_arm_data(200, rng)
@@ -55,7 +55,7 @@ def main(quick=False, seed=0, output=None, super_transitions=None):
     start = time.perf_counter()
     cv = cross_validate(model, Xs, ys, rng_key=key_ahmc, num_folds=settings["num_folds"], loss="mse",
                         num_warmup=settings["num_warmup"], num_samples=settings["num_samples"],
-                        super_transitions=super_transitions)
+                        super_transitions=super_transitions, max_tree_depth=settings["max_tree_depth"])
     ahmc_seconds = time.perf_counter() - start
     fold_means, _ = cv.predict(Xs_test)
     fold_means = np.asarray(fold_means) * sy + my
@@ -66,7 +66,7 @@ def main(quick=False, seed=0, output=None, super_transitions=None):
     start = time.perf_counter()
     nuts_samples, nuts_grads = nuts_at_budget(
         model, Xs, ys, rng_key=key_nuts, num_chains=settings["num_folds"], num_warmup=settings["num_warmup"],
-        num_gradients=max(budget - 0.0, 1.0), budget_includes_warmup=True)
+        num_gradients=budget, budget_includes_warmup=True, max_tree_depth=settings["max_tree_depth"])
     nuts_seconds = time.perf_counter() - start
     nuts_mean, _ = predictive_average(model, nuts_samples, Xs_test)
     history = cv.history
@@ -123,6 +123,10 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--super-transitions", type=int, default=None)
+    parser.add_argument("--num-warmup", type=int, default=None)
+    parser.add_argument("--num-samples", type=int, default=None)
     parser.add_argument("--output", default=None, help="results path without suffix (writes .json and .md)")
     args = parser.parse_args()
-    main(quick=args.quick, seed=args.seed, output=args.output, super_transitions=args.super_transitions)
+    overrides = {name: value for name, value in (("num_warmup", args.num_warmup), ("num_samples", args.num_samples))
+                 if value is not None}
+    main(quick=args.quick, seed=args.seed, output=args.output, super_transitions=args.super_transitions, **overrides)
