@@ -25,7 +25,7 @@ from ahmc.adapters.bnn import make_bnn
 from ahmc.adapters.numpyro_predictive import cross_validate, nuts_at_budget, predictive_average
 
 FULL = dict(hidden=16, num_folds=8, num_warmup=1000, num_samples=4000, max_tree_depth=10)
-QUICK = dict(hidden=4, num_folds=4, num_warmup=150, num_samples=100, max_tree_depth=6)
+QUICK = dict(hidden=4, num_folds=3, num_warmup=100, num_samples=60, max_tree_depth=6)
 
 
 def robot_arm_data(num_cases, rng):
