@@ -328,3 +328,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
         if info is None:
             return {"fixed_point_converged": jnp.ones(batch, bool), "num_gradient_evals": jnp.zeros(batch, jnp.int32)}
         return {"fixed_point_converged": info.fixed_point_converged, "num_gradient_evals": info.num_gradient_evals}
+
+
+# Cross-validated (predictive) adaptation lives in its own module; re-exported here for users.
+from .numpyro_predictive import CrossValidation, cross_validate  # noqa: E402,F401
