@@ -185,6 +185,7 @@ def test_parameters_work_in_plain_blackjax_loop(warmed_up):
     assert_moments_match(np.swapaxes(np.asarray(draws), 0, 1), np.zeros(5), np.ones(5))
 
 
+@pytest.mark.slow  # the same engine is checked by test_numpyro.py::test_same_key_same_draws_and_different_key_different_draws
 def test_same_key_same_draws():
     positions = initial_positions(13, 3)
     first, info = run_chains(jax.random.key(14), standard_normal, positions, 200, 100)
@@ -291,6 +292,7 @@ def test_bad_options_raise_before_tracing():
         adaptive_hmc(standard_normal, num_warmup=0)
 
 
+@pytest.mark.slow  # devices: test_numpyro.py::test_parallel_chain_method_agrees_with_the_truth runs in the default suite
 def test_multi_device_sharded_chains():
     """Chains sharded over two simulated host devices (the flag must precede the jax import)."""
     script = textwrap.dedent(

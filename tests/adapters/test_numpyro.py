@@ -103,7 +103,7 @@ def test_same_key_same_draws_and_different_key_different_draws():
     assert not np.array_equal(np.asarray(a), np.asarray(c))
 
 
-@pytest.mark.parametrize("chain_method", ["sequential", "vectorized"])
+@pytest.mark.parametrize("chain_method", [pytest.param("sequential", marks=pytest.mark.slow), "vectorized"])
 def test_continuation_carries_the_tuner_over(chain_method):
     mcmc = run(AdaptiveHMC(normal_model), DATA, num_chains=2, chain_method=chain_method, warmup=200, samples=100)
     rounds_first = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["tuning_round"])

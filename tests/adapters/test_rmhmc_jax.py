@@ -227,6 +227,7 @@ def _funnel_check(num_warmup, num_samples, seed, max_rhat=1.01):
     return info
 
 
+@pytest.mark.slow  # default run: the PyMC funnel test and examples/rmhmc_funnel.py; the long JAX funnel is slow too
 def test_funnel_10d_short():
     """Default-run funnel: 4 x (400 + 2500), z-scores and ESS >= 200 as usual.
 
