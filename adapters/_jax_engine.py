@@ -631,14 +631,15 @@ def _check_finite(logdensity, grad):
         )
 
 
-def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000, **options):
+def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000, *, build=None, **options):
     """Warm up and sample with infinite adaptation: ``(samples, info, final EngineState)``.
 
     ``samples`` has leading axes ``(chains, num_samples)``; ``info`` fields have shape
-    ``(num_warmup + num_samples, chains)``, warm-up first.  The public entry point is
-    :func:`ahmc.adapters.blackjax.run_chains`.
+    ``(num_warmup + num_samples, chains)``, warm-up first.  ``build`` makes the engine
+    (default :func:`build_engine`; the RMHMC entry point passes its own).  The public
+    entry points are :func:`ahmc.adapters.blackjax.run_chains` and ``run_rmhmc_chains``.
     """
-    engine = build_engine(logdensity_fn, num_warmup=num_warmup, **options)
+    engine = (build or build_engine)(logdensity_fn, num_warmup=num_warmup, **options)
     init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
     state = engine.init(positions, init_key)
     state, warm_info = _scan(engine.step, warm_key, state, num_warmup, keep_positions=False)

@@ -345,10 +345,6 @@ def run_rmhmc_chains(
     Cost: ``info.num_gradient_evals`` (gradients + metric evaluations), not
     ``num_integration_steps``.
     """
-    engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **_options(paper_preset, options))
-    init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
-    state = engine.init(positions, init_key)
-    state, warm_info = _scan(engine.step, warm_key, state, num_warmup, False)
-    state, (draws, sample_info) = _scan(engine.step, sample_key, state, num_samples, True)
-    info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
-    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), draws), info
+    samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
+                               build=build_rmhmc_engine, **_options(paper_preset, options))
+    return samples, info
