@@ -14,6 +14,14 @@ minimum matters most).  Here:
   sampling time.
 * ``per_chain``: the same ESS per gradient for every chain alone (for the
   paper's box plots and per-chain scatter plots).
+* ``ess_bulk_squares`` / ``ess_per_grad_squares``: the same for the squared
+  deviations (x - mean)^2, i.e. how well variances are estimated.  A sampler
+  whose draws alternate around the mean (lag-1 autocorrelation near -1, e.g.
+  HMC with a trajectory of half a period) gets a bulk ESS of x above the
+  number of draws but a tiny ESS of (x - mean)^2; reporting both keeps such
+  a sampler from looking better than it is.
+* ``lag1_autocorrelation``: min / median / max over coordinates of the lag-1
+  autocorrelation, averaged over chains.
 * ``rhat_max``: the largest rank-normalized split R-hat over coordinates.
 * ``divergences``: divergent transitions in warm-up and in sampling.
 * ``max_abs_z_mean`` / ``max_abs_z_var``: for targets with known moments, the
@@ -33,7 +41,7 @@ import numpy as np
 from arviz_stats import ess as _arviz_ess
 from arviz_stats import rhat as _arviz_rhat
 
-__all__ = ["CompileClock", "bulk_ess", "split_rhat", "summarize", "three_numbers"]
+__all__ = ["CompileClock", "bulk_ess", "lag1_autocorrelation", "split_rhat", "summarize", "three_numbers"]
 
 
 def bulk_ess(draws: np.ndarray) -> np.ndarray:
@@ -44,6 +52,14 @@ def bulk_ess(draws: np.ndarray) -> np.ndarray:
 def split_rhat(draws: np.ndarray) -> np.ndarray:
     """Rank-normalized split R-hat per coordinate of ``draws`` (chains, draws, dim) -> (dim,)."""
     return np.asarray(_arviz_rhat(np.asarray(draws, dtype=np.float64)), dtype=np.float64)
+
+
+def lag1_autocorrelation(draws: np.ndarray) -> np.ndarray:
+    """Lag-1 autocorrelation per coordinate, averaged over chains: (chains, draws, dim) -> (dim,)."""
+    centred = draws - draws.mean(axis=1, keepdims=True)
+    covariance = (centred[:, 1:] * centred[:, :-1]).mean(axis=1)
+    variance = (centred**2).mean(axis=1)
+    return np.mean(covariance / np.where(variance > 0, variance, math.nan), axis=0)
 
 
 def three_numbers(values: np.ndarray) -> dict[str, float]:
@@ -113,6 +129,8 @@ def summarize(
 
     finite = bool(np.all(np.isfinite(draws)))
     ess = bulk_ess(draws) if finite else np.full(draws.shape[2], math.nan)
+    squares = (draws - draws.mean(axis=(0, 1))) ** 2
+    ess_squares = bulk_ess(squares) if finite else np.full(draws.shape[2], math.nan)
     rhat = split_rhat(draws) if finite else np.full(draws.shape[2], math.nan)
     per_chain = []
     for chain in range(num_chains):
@@ -135,6 +153,9 @@ def summarize(
         "ess_per_grad": _ratio(ess, total_sampling),
         "ess_per_grad_with_warmup": _ratio(ess, total_warmup + total_sampling),
         "ess_per_second": _ratio(ess, sampling_s),
+        "ess_bulk_squares": three_numbers(ess_squares),
+        "ess_per_grad_squares": _ratio(ess_squares, total_sampling),
+        "lag1_autocorrelation": three_numbers(lag1_autocorrelation(draws)) if finite else three_numbers(ess * math.nan),
         "ess_per_second_with_warmup": _ratio(ess, total_s),
         "grads": {
             "warmup": total_warmup,

@@ -83,6 +83,20 @@ def test_summarize_on_independent_draws():
     assert out["divergences"] == {"warmup": 0, "sampling": 1}
     assert out["rhat_max"] < 1.02 and out["max_abs_z_mean"] < 4.5 and out["max_abs_z_var"] < 4.5
     assert len(out["per_chain"]) == 4
+    assert abs(out["lag1_autocorrelation"]["median"]) < 0.1
+    assert 1000 < out["ess_bulk_squares"]["min"] < 3000
+
+
+def test_alternating_draws_have_a_large_ess_of_x_and_a_small_ess_of_squares():
+    # x_t = (-1)^t |z_t| * s_c: an antithetic chain (what HMC with a half-period trajectory does).
+    rng = np.random.default_rng(1)
+    magnitude = np.abs(rng.normal(size=(4, 1, 2))) * np.ones((4, 400, 2))
+    magnitude = magnitude + 0.05 * rng.normal(size=magnitude.shape)
+    draws = magnitude * (-1.0) ** np.arange(400)[None, :, None]
+    out = metrics.summarize(draws, np.full(4, 10), np.full(4, 400))
+    assert out["lag1_autocorrelation"]["max"] < -0.9
+    assert out["ess_bulk"]["min"] > 1600  # above the number of draws
+    assert out["ess_bulk_squares"]["max"] < 100
 
 
 def test_a_failing_sampler_is_recorded_and_the_run_goes_on(monkeypatch):
@@ -362,3 +376,17 @@ def test_ahmc_pymc_runner_smoke():
     assert timing["compile_s"] > 0 and timing["warmup_s"] > 0 and timing["sampling_s"] > 0
     assert not timing["sampling_time_estimated"] and out.extra["cores"] == 1
     assert len(out.extra["final_step_size"]) == 2
+
+
+def test_funnel_truth_check_passes_exact_draws_and_flags_a_missed_neck():
+    pytest.importorskip("jax")
+    from benchmarks.rmhmc import funnel_features, funnel_truth_z
+
+    rng = np.random.default_rng(0)
+    v = 3.0 * rng.normal(size=(4, 2000, 1))
+    exact = np.concatenate([v, np.exp(v / 2) * rng.normal(size=(4, 2000, 9))], axis=-1)
+    z = funnel_truth_z(funnel_features(exact))
+    assert z["max_abs_z_mean"] < 4.5 and z["abs_z_var_v"] < 4.5
+    no_neck = exact[np.broadcast_to(exact[..., :1] > -3.0, exact.shape)].reshape(-1, 10)
+    no_neck = no_neck[: (len(no_neck) // 4) * 4].reshape(4, -1, 10)
+    assert funnel_truth_z(funnel_features(no_neck))["max_abs_z_mean"] > 6
