@@ -341,12 +341,14 @@ def markdown(results: dict[str, Any], command: str) -> str:
         "| accept | solves converged | R-hat max | divergences |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    truth_lines = []
     for name, runs in results["runs"].items():
         for sampler, r in runs.items():
             extra = r["extra"]
             converged = extra.get("fixed_point_converged")
             lines.append(
                 f"| {name} | {sampler} | {r['ess_bulk']['min']:.0f} | {r['ess_per_grad']['min']:.4f} "
+                f"| {_get(r, 'ess_per_grad_squares'):.4f} | {_get(r, 'lag1_autocorrelation', 'median'):.2f} "
                 f"| {r['ess_per_second']['min']:.1f} | {r['grads']['per_draw']:.1f} "
                 f"| {_mean(extra.get('mean_acceptance')):.2f} | {'-' if converged is None else f'{converged:.3f}'} "
                 f"| {r['rhat_max']:.3f} | {r['divergences']['sampling']} |"
