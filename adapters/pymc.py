@@ -30,6 +30,7 @@ rebuild the tuning history from the returned DataTree.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, NamedTuple
 
@@ -269,14 +270,17 @@ class AdaptiveHMC(BaseHMC):
         return self._tuner_cache[1]
 
     def _round_settings(self):
-        """``(eps, L, p_i, i)`` of the running round, cached per tuner state (by identity)."""
+        """``(eps, L, p_i, i, round_stats)`` of the running round, cached per tuner state (by identity);
+        ``round_stats`` are the per-iteration stats that stay fixed within the round."""
         if self._settings_cache[0] is not self._tuner_state:
             eps, num_steps = self._tuner().arm(self._tuner_state)
             i = int(self._tuner_state.round) + 1
             k, _ = self._schedule()
             p = adapt_probability(i, schedule=self._tuner_options["schedule"], k=k, decay=self._tuner_options["decay"])
             p = float(p) * (i < int(self._tuner_state.freeze_round))
-            self._settings_cache = (self._tuner_state, (float(eps), int(num_steps), p, i))
+            round_stats = {"tuning_round": i, "reward": np.nan, "arm_changed": False, "adapt_probability": p,
+                           **dict(zip(_BOX_STATS, self._search_box.tolist()))}
+            self._settings_cache = (self._tuner_state, (float(eps), int(num_steps), p, i, round_stats))
         return self._settings_cache[1]
 
     def _start_rounds(self):
@@ -310,11 +314,12 @@ class AdaptiveHMC(BaseHMC):
         scale = getattr(self.potential, "_stds", None)
         round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["accept"],
                                    stats["diverging"], scale)
-        out = {"tuning_round": self._round_settings()[3], "reward": np.nan, "arm_changed": False,
-               "adapt_probability": self._round_settings()[2], **dict(zip(_BOX_STATS, self._search_box))}
+        out = self._round_settings()[4]  # copied by the caller's stats.update
         if int(round_stats.num_iterations) >= self._round_length:
+            out = dict(out)
             reward = self._objective(round_stats, self._arm[1])
-            with _single_threaded_blas():
+            frozen = self._round_settings()[3] >= int(self._tuner_state.freeze_round)  # lazy update: no solves
+            with contextlib.nullcontext() if frozen else _single_threaded_blas():
                 self._tuner_state, info = self._tuner().update(self._tuner_state, reward, self.rng.uniform(), lazy=True)
             i, state = int(info.round), self._tuner_state
             if self._exploit and i == self._num_tune_rounds and i < int(state.freeze_round):  # tune ends: GP mean's best
@@ -331,7 +336,7 @@ class AdaptiveHMC(BaseHMC):
             max_steps = self._steps_for(self._warmup_time, step_size)
         else:
             step_size, max_steps = self._arm
-        n_steps = int(self.rng.integers(1, max_steps + 1))
+        n_steps = 1 + int(self.rng.random() * max_steps)  # uniform on {1..max_steps}; cheaper than integers()
         state = last = start
         div_info, energy_change, taken = None, np.inf, 0
         try:
