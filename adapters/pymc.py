@@ -69,6 +69,7 @@ from ahmc.core import adapt_probability, get_objective, gp_ucb, round_init, roun
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
+from .diagnostics import PYMC_HMC_DEFAULTS
 
 __all__ = ["AdaptiveHMC", "AdaptiveRMHMC", "STATS", "RMHMC_STATS", "constant_metric", "fisher_logistic_metric"]
 
@@ -164,11 +165,11 @@ class AdaptiveHMC(BaseHMC):
         Start the draws from the arm maximising the GP mean.
     capacity, lengthscale, noise_variance, alpha, delta
         Passed to :func:`ahmc.core.gp_ucb` (``capacity=64``: the GP update costs O(capacity^3)).
-        ``noise_variance=0.5`` (the JAX engine's pooled tuner: 0.1 per chain-round): one chain's
-        10-iteration round is a noisy reward.  Measured on Pima at a fixed arm, its standard
-        deviation is ~35% of the arm's mean and the best reward seen is ~2x a good arm's mean, so in
-        the tuner's units (best = ``alpha`` = 4) the noise sd is ~4 x 0.35 / 2 = 0.7, variance ~0.5;
-        with 0.1 the GP took lucky rounds at face value and chains settled on poorer arms.
+        ``noise_variance=0.5`` (the JAX engine and :class:`AdaptiveRMHMC`: 0.1): each chain has its own
+        tuner, and one chain's 10-iteration round is a noisy reward.  Measured on Pima, the rewards of
+        repeated rounds at one arm have a standard deviation of ~35% of their mean, and the best reward
+        seen is ~2x a good arm's mean, so in the tuner's units (best = ``alpha`` = 4) the noise sd is
+        ~4 x 0.35 / 2 = 0.7, variance ~0.5.
     **kwargs
         Passed to ``BaseHMC`` (``target_accept`` of the warm-up, ``Emax``, ``scaling``, ``potential``, ``model``, ...).
     """
@@ -185,7 +186,8 @@ class AdaptiveHMC(BaseHMC):
                  adapt_mass_matrix=True, initial_step_size=None, metric_fraction=None,
                  step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
                  num_steps_cap=256, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
-                 lengthscale=0.2, noise_variance=0.5, alpha=4.0, delta=0.1, model=None, **kwargs):
+                 lengthscale=0.2, noise_variance=PYMC_HMC_DEFAULTS["noise_variance"], alpha=4.0, delta=0.1,
+                 model=None, **kwargs):
         model = modelcontext(model)
         value_vars = model.continuous_value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         discrete = [v.name for v in value_vars if v.dtype in discrete_types]
@@ -687,6 +689,10 @@ class AdaptiveRMHMC(AdaptiveHMC):
 
     def __init__(self, vars=None, *, metric=None, softabs_alpha=1e6, fixed_point_tolerance=1e-6,
                  max_fixed_point_iterations=20, max_integration_time=None, model=None, **kwargs):
+        if not isinstance(metric, ConstantMetric):
+            # AdaptiveHMC's per-chain reward noise was measured for plain HMC; SoftAbs on the 10-d
+            # funnel mixed worse with it (short test: ESS 18-34 of 800 draws vs >= 40), so keep 0.1.
+            kwargs.setdefault("noise_variance", 0.1)
         if max_integration_time is not None or not isinstance(metric, ConstantMetric):
             kwargs["max_integration_time"] = 2 * math.pi if max_integration_time is None else max_integration_time
         for name in ("potential", "scaling", "adapt_mass_matrix"):
