@@ -113,12 +113,13 @@ def _round_update_numpy(stats, previous_position, position, num_gradients, accep
     jump = np.subtract(position, previous_position, dtype=dtype)
     if scale is not None:
         jump /= np.asarray(scale, dtype=dtype)
+    # Python scalars are "weak" in NumPy 2 arithmetic: the sums keep the fields' dtypes, and cheaply.
     return RoundStats(
-        num_iterations=stats.num_iterations + np.int32(1),
-        num_gradients=stats.num_gradients + np.int32(num_gradients),
-        sum_squared_jump=stats.sum_squared_jump + dtype.type(jump @ jump),
-        sum_acceptance=stats.sum_acceptance + dtype.type(acceptance),
-        num_divergent=stats.num_divergent + np.int32(bool(is_divergent)),
+        num_iterations=stats.num_iterations + 1,
+        num_gradients=stats.num_gradients + int(num_gradients),
+        sum_squared_jump=stats.sum_squared_jump + float(jump @ jump),
+        sum_acceptance=stats.sum_acceptance + float(acceptance),
+        num_divergent=stats.num_divergent + int(bool(is_divergent)),
     )
 
 
