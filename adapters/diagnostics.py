@@ -32,6 +32,11 @@ CONFIG_ATTR = "ahmc_config"
 BOX_STATS = {"step_size_bounds": "step_size", "num_steps_bounds": "num_steps"}  # last axis: (lo, hi)
 # Defaults shared by the adapters (ahmc.adapters._jax_engine.build_engine and ahmc.adapters.pymc.AdaptiveHMC).
 ADAPTER_DEFAULTS = {"num_step_sizes": 100, "capacity": 64}
+# ahmc.adapters.pymc.AdaptiveHMC's per-chain tuner scores one chain's round, a noisier reward than the
+# engine's pooled one (AdaptiveRMHMC keeps the shared 0.1).  Its trees have the PyMC box stats and no
+# RMHMC stats (AdaptiveRMHMC with a constant metric is AdaptiveHMC: pass its config to replay it).
+PYMC_HMC_DEFAULTS = {**ADAPTER_DEFAULTS, "noise_variance": 0.5}
+RMHMC_STAT = "fixed_point_converged"
 SCALAR_BOX_STATS = {"step_size": ("step_size_min", "step_size_max"), "num_steps": ("max_steps_min", "max_steps_max")}
 
 
@@ -61,6 +66,7 @@ def _config_attr(*nodes):
 
 def _with_box(config, stats: dict):
     """Fill in the config's search box from per-draw box stats (removed from ``stats``) if it has none."""
+    pymc_hmc = all(name in stats for name in SCALAR_BOX_STATS["step_size"]) and RMHMC_STAT not in stats
     for field, (low, high) in SCALAR_BOX_STATS.items():  # PyMC: one scalar stat per end
         if low in stats and high in stats:
             stats[f"{field}_pair"] = np.stack([stats.pop(low), stats.pop(high)], axis=-1)
@@ -77,9 +83,8 @@ def _with_box(config, stats: dict):
         box[field] = last[0].tolist() if np.all(last == last[0]) else last.tolist()
     if base is not None:
         return base._replace(**box)
-    # No recorded config: the adapters' shared defaults (the JAX engine's and the PyMC step's).
-    return TuningConfig(**box, num_step_sizes=ADAPTER_DEFAULTS["num_step_sizes"],
-                        capacity=ADAPTER_DEFAULTS["capacity"])
+    # No recorded config: the defaults of the adapter that made the tree.
+    return TuningConfig(**box, **(PYMC_HMC_DEFAULTS if pymc_hmc else ADAPTER_DEFAULTS))
 
 
 def history_from_datatree(tree, *, config=None, names: Mapping | None = None) -> TuningHistory:

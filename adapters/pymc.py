@@ -30,6 +30,7 @@ rebuild the tuning history from the returned DataTree.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, NamedTuple
 
@@ -68,6 +69,7 @@ from ahmc.core import adapt_probability, get_objective, gp_ucb, round_init, roun
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
+from .diagnostics import PYMC_HMC_DEFAULTS
 
 __all__ = ["AdaptiveHMC", "AdaptiveRMHMC", "STATS", "RMHMC_STATS", "constant_metric", "fisher_logistic_metric"]
 
@@ -163,6 +165,11 @@ class AdaptiveHMC(BaseHMC):
         Start the draws from the arm maximising the GP mean.
     capacity, lengthscale, noise_variance, alpha, delta
         Passed to :func:`ahmc.core.gp_ucb` (``capacity=64``: the GP update costs O(capacity^3)).
+        ``noise_variance=0.5`` (the JAX engine and :class:`AdaptiveRMHMC`: 0.1): each chain has its own
+        tuner, and one chain's 10-iteration round is a noisy reward.  Measured on Pima, the rewards of
+        repeated rounds at one arm have a standard deviation of ~35% of their mean, and the best reward
+        seen is ~2x a good arm's mean, so in the tuner's units (best = ``alpha`` = 4) the noise sd is
+        ~4 x 0.35 / 2 = 0.7, variance ~0.5.
     **kwargs
         Passed to ``BaseHMC`` (``target_accept`` of the warm-up, ``Emax``, ``scaling``, ``potential``, ``model``, ...).
     """
@@ -179,7 +186,8 @@ class AdaptiveHMC(BaseHMC):
                  adapt_mass_matrix=True, initial_step_size=None, metric_fraction=None,
                  step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
                  num_steps_cap=256, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
-                 lengthscale=0.2, noise_variance=0.1, alpha=4.0, delta=0.1, model=None, **kwargs):
+                 lengthscale=0.2, noise_variance=PYMC_HMC_DEFAULTS["noise_variance"], alpha=4.0, delta=0.1,
+                 model=None, **kwargs):
         model = modelcontext(model)
         value_vars = model.continuous_value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         discrete = [v.name for v in value_vars if v.dtype in discrete_types]
@@ -269,14 +277,17 @@ class AdaptiveHMC(BaseHMC):
         return self._tuner_cache[1]
 
     def _round_settings(self):
-        """``(eps, L, p_i, i)`` of the running round, cached per tuner state (by identity)."""
+        """``(eps, L, p_i, i, round_stats)`` of the running round, cached per tuner state (by identity);
+        ``round_stats`` are the per-iteration stats that stay fixed within the round."""
         if self._settings_cache[0] is not self._tuner_state:
             eps, num_steps = self._tuner().arm(self._tuner_state)
             i = int(self._tuner_state.round) + 1
             k, _ = self._schedule()
             p = adapt_probability(i, schedule=self._tuner_options["schedule"], k=k, decay=self._tuner_options["decay"])
             p = float(p) * (i < int(self._tuner_state.freeze_round))
-            self._settings_cache = (self._tuner_state, (float(eps), int(num_steps), p, i))
+            round_stats = {"tuning_round": i, "reward": np.nan, "arm_changed": False, "adapt_probability": p,
+                           **dict(zip(_BOX_STATS, self._search_box.tolist()))}
+            self._settings_cache = (self._tuner_state, (float(eps), int(num_steps), p, i, round_stats))
         return self._settings_cache[1]
 
     def _start_rounds(self):
@@ -310,11 +321,12 @@ class AdaptiveHMC(BaseHMC):
         scale = getattr(self.potential, "_stds", None)
         round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["accept"],
                                    stats["diverging"], scale)
-        out = {"tuning_round": self._round_settings()[3], "reward": np.nan, "arm_changed": False,
-               "adapt_probability": self._round_settings()[2], **dict(zip(_BOX_STATS, self._search_box))}
+        out = self._round_settings()[4]  # copied by the caller's stats.update
         if int(round_stats.num_iterations) >= self._round_length:
+            out = dict(out)
             reward = self._objective(round_stats, self._arm[1])
-            with _single_threaded_blas():
+            frozen = self._round_settings()[3] >= int(self._tuner_state.freeze_round)  # lazy update: no solves
+            with contextlib.nullcontext() if frozen else _single_threaded_blas():
                 self._tuner_state, info = self._tuner().update(self._tuner_state, reward, self.rng.uniform(), lazy=True)
             i, state = int(info.round), self._tuner_state
             if self._exploit and i == self._num_tune_rounds and i < int(state.freeze_round):  # tune ends: GP mean's best
@@ -331,7 +343,7 @@ class AdaptiveHMC(BaseHMC):
             max_steps = self._steps_for(self._warmup_time, step_size)
         else:
             step_size, max_steps = self._arm
-        n_steps = int(self.rng.integers(1, max_steps + 1))
+        n_steps = 1 + int(self.rng.random() * max_steps)  # uniform on {1..max_steps}; cheaper than integers()
         state = last = start
         div_info, energy_change, taken = None, np.inf, 0
         try:
@@ -677,6 +689,10 @@ class AdaptiveRMHMC(AdaptiveHMC):
 
     def __init__(self, vars=None, *, metric=None, softabs_alpha=1e6, fixed_point_tolerance=1e-6,
                  max_fixed_point_iterations=20, max_integration_time=None, model=None, **kwargs):
+        if not isinstance(metric, ConstantMetric):
+            # AdaptiveHMC's per-chain reward noise was measured for plain HMC; SoftAbs on the 10-d
+            # funnel mixed worse with it (short test: ESS 18-34 of 800 draws vs >= 40), so keep 0.1.
+            kwargs.setdefault("noise_variance", 0.1)
         if max_integration_time is not None or not isinstance(metric, ConstantMetric):
             kwargs["max_integration_time"] = 2 * math.pi if max_integration_time is None else max_integration_time
         for name in ("potential", "scaling", "adapt_mass_matrix"):

@@ -90,6 +90,8 @@ def round_update(
     scale : array, shape (dim,), optional
         Per-coordinate scale for the whitened jump; ``None`` = identity.
     """
+    if isinstance(stats.sum_squared_jump, (np.ndarray, np.generic)):
+        return _round_update_numpy(stats, previous_position, position, num_gradients, acceptance, is_divergent, scale)
     xp = stats.sum_squared_jump.__array_namespace__()
     dtype = stats.sum_squared_jump.dtype
     jump = xp.asarray(position, dtype=dtype) - xp.asarray(previous_position, dtype=dtype)
@@ -101,6 +103,23 @@ def round_update(
         sum_squared_jump=stats.sum_squared_jump + xp.sum(jump * jump),
         sum_acceptance=stats.sum_acceptance + xp.asarray(acceptance, dtype=dtype),
         num_divergent=stats.num_divergent + xp.asarray(is_divergent, dtype=xp.int32),
+    )
+
+
+def _round_update_numpy(stats, previous_position, position, num_gradients, acceptance, is_divergent, scale):
+    """round_update for eager NumPy: the same sums and dtypes with a handful of operations
+    (PyMC calls it once per iteration; the generic path spends ~10 us in array creation)."""
+    dtype = stats.sum_squared_jump.dtype
+    jump = np.subtract(position, previous_position, dtype=dtype)
+    if scale is not None:
+        jump /= np.asarray(scale, dtype=dtype)
+    # Python scalars are "weak" in NumPy 2 arithmetic: the sums keep the fields' dtypes, and cheaply.
+    return RoundStats(
+        num_iterations=stats.num_iterations + 1,
+        num_gradients=stats.num_gradients + int(num_gradients),
+        sum_squared_jump=stats.sum_squared_jump + float(jump @ jump),
+        sum_acceptance=stats.sum_acceptance + float(acceptance),
+        num_divergent=stats.num_divergent + int(bool(is_divergent)),
     )
 
 

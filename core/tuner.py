@@ -273,11 +273,16 @@ def gp_ucb(
         when nothing is evicted, and the acquisition when the arm does not
         move (``uniform >= p_i`` or frozen; then ``info.proposed_arm`` is -1),
         and solves over the occupied slots instead of the whole capacity.
-        The new state is the same up to rounding; an adapter in a Python loop
-        saves most of the update's cost once ``p_i`` is small.
+        The new state is the same up to rounding, except that once frozen
+        (round ``>= freeze_after``) the grid variance is no longer maintained:
+        only the acquisition reads it and a frozen tuner never computes one
+        again (``surrogate(state).sd`` then shows the variance at the freeze).
+        An adapter in a Python loop saves most of the update's cost once
+        ``p_i`` is small, and nearly all of it for a fixed arm.
         """
         xp = _namespace(state.grid_variance)
-        eager = lazy and xp.__name__.split(".")[0] == "numpy"  # Python branches are fine here
+        if lazy and xp.__name__.split(".")[0] == "numpy":
+            return _update_eager(state, reward, uniform, weight)
         dtype = state.grid_variance.dtype
         reward = xp.asarray(reward, dtype=dtype)
         weight = xp.asarray(weight, dtype=dtype)
@@ -311,20 +316,12 @@ def gp_ucb(
         is_evicting = ~has_match & ~has_free
         in_slot = slots == slot
 
-        # Lazy NumPy: solves over the occupied slots only (same numbers up to rounding).
-        data = gp.compact if eager else (lambda b: b)
-
         # Forget the evicted arm exactly: v += c^2 / (noise / count - v(x)).
-        if eager and not bool(is_evicting):
-            variance = state.grid_variance
-        else:
-            cov_old, var_old = gp.posterior_covariance_column(
-                data(buffer), kernel, noise_variance, buffer.arm[slot], xp, dtype
-            )
-            old_noise = noise_variance / xp.maximum(buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
-            tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
-            downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
-            variance = state.grid_variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
+        cov_old, var_old = gp.posterior_covariance_column(buffer, kernel, noise_variance, buffer.arm[slot], xp, dtype)
+        old_noise = noise_variance / xp.maximum(buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
+        tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
+        downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
+        variance = state.grid_variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
         kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.count), buffer.count)
         mean_kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.mean_reward), buffer.mean_reward)
         buffer = gp.ArmBuffer(
@@ -335,7 +332,7 @@ def gp_ucb(
         )
 
         # Learn the new reward: v -= c^2 / (v(x) + noise / weight).
-        cov_new, var_new = gp.posterior_covariance_column(data(buffer), kernel, noise_variance, state.arm, xp, dtype)
+        cov_new, var_new = gp.posterior_covariance_column(buffer, kernel, noise_variance, state.arm, xp, dtype)
         variance = variance - cov_new * cov_new / (var_new + noise_variance / weight)
         variance = xp.clip(variance, 0.0, 1.0)
         total = buffer.count + weight
@@ -351,11 +348,8 @@ def gp_ucb(
         p = xp.asarray(p, dtype=dtype)
         beta = xp.asarray(ucb_beta(i, delta=delta, xp=xp), dtype=dtype)
         is_adapting = (xp.asarray(uniform, dtype=dtype) < p) & (i < state.freeze_round)
-        if eager and not bool(is_adapting):
-            proposed = xp.asarray(-1, dtype=xp.int32)
-        else:
-            acquisition = _acquisition(data(buffer), variance, scale, p, beta, xp, dtype)
-            proposed = xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
+        acquisition = _acquisition(buffer, variance, scale, p, beta, xp, dtype)
+        proposed = xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
         next_arm = xp.where(is_adapting, proposed, state.arm).astype(xp.int32)
 
         new_state = TunerState(
@@ -382,6 +376,82 @@ def gp_ucb(
             arm_changed=next_arm != state.arm,
             num_arms=xp.sum(buffer.count > 0).astype(xp.int32),
             is_evicting=is_evicting,
+        )
+        return new_state, info
+
+    def _update_eager(state: TunerState, reward, uniform, weight):
+        """``update(..., lazy=True)`` under NumPy: the same steps with Python scalars and branches.
+
+        Skips the eviction downdate when nothing is evicted, all variance work once
+        frozen, and the acquisition when the arm stays; solves over the occupied
+        slots only.  ``tests/core`` check it against the array-only path.
+        """
+        dtype = state.grid_variance.dtype
+        real = dtype.type
+        buffer = state.buffer
+        i = int(state.round) + 1
+        arm = int(state.arm)
+        reward, weight = real(reward), real(weight)
+
+        is_finite = bool(np.isfinite(reward))
+        worst_before, best_before = real(state.worst_reward), real(state.best_reward)
+        clean = reward if is_finite else (worst_before if np.isfinite(worst_before) else real(0.0))
+        is_best = is_finite and clean > best_before
+        best = clean if is_best else best_before
+        worst = clean if is_finite and clean < worst_before else worst_before
+        scale = real(alpha / max(abs(best), real(np.finfo(np.float32).tiny))) if is_best else real(state.scale)
+
+        matches = np.flatnonzero(buffer.arm == arm)
+        free = np.flatnonzero(buffer.arm < 0)
+        is_evicting = not matches.size and not free.size
+        if matches.size:
+            slot = int(matches[0])
+        elif free.size:
+            slot = int(free[0])
+        else:
+            key = np.where(buffer.count == buffer.count.min(), buffer.last_round, never)
+            slot = int(np.argmin(key))
+        frozen = i >= int(state.freeze_round)  # no acquisition will ever read the variance again
+
+        variance = state.grid_variance
+        arms, counts, means, last = (np.array(field) for field in buffer)  # copies: states stay immutable
+        if is_evicting:
+            if not frozen:  # forget the evicted arm exactly: v += c^2 / (noise / count - v(x))
+                cov_old, var_old = gp.posterior_covariance_column(gp.compact(buffer), kernel, noise_variance,
+                                                                  arms[slot], np, dtype)
+                old_noise = noise_variance / max(counts[slot], real(1e-30))
+                variance = variance + cov_old * cov_old / max(old_noise - var_old, np.finfo(dtype).tiny)
+            arms[slot], counts[slot], means[slot] = -1, 0.0, 0.0
+        if not frozen:  # learn the new reward: v -= c^2 / (v(x) + noise / weight)
+            cov_new, var_new = gp.posterior_covariance_column(gp.compact(gp.ArmBuffer(arms, counts, means, last)),
+                                                              kernel, noise_variance, arm, np, dtype)
+            variance = np.clip(variance - cov_new * cov_new / (var_new + noise_variance / weight), 0.0, 1.0)
+        total = counts[slot] + weight
+        means[slot] = means[slot] + (clean - means[slot]) * weight / total
+        arms[slot], counts[slot], last[slot] = arm, total, i
+        buffer = gp.ArmBuffer(arms, counts, means, last)
+
+        p = real(adapt_probability(i, schedule=schedule, k=k, decay=decay))
+        beta = real(ucb_beta(i, delta=delta))
+        is_adapting = bool(real(uniform) < p) and not frozen
+        proposed = -1
+        if is_adapting:
+            acquisition = _acquisition(gp.compact(buffer), variance, scale, p, beta, np, dtype)
+            proposed = int(np.argmax(acquisition))
+        next_arm = proposed if is_adapting else arm
+
+        new_state = TunerState(
+            round=np.int32(i), arm=np.asarray(next_arm, dtype=np.int32), buffer=buffer, grid_variance=variance,
+            best_reward=np.asarray(best, dtype), worst_reward=np.asarray(worst, dtype),
+            scale=np.asarray(scale, dtype), freeze_round=state.freeze_round,
+        )
+        info = TunerInfo(
+            round=np.int32(i), reward=np.asarray(reward, dtype), clean_reward=np.asarray(clean, dtype),
+            is_finite=np.bool_(is_finite), arm=state.arm, adapt_probability=np.asarray(p, dtype),
+            beta=np.asarray(beta, dtype), is_adapting=np.bool_(is_adapting),
+            proposed_arm=np.int32(proposed), next_arm=np.asarray(next_arm, dtype=np.int32),
+            arm_changed=np.bool_(next_arm != arm), num_arms=np.int32(np.count_nonzero(counts > 0)),
+            is_evicting=np.bool_(is_evicting),
         )
         return new_state, info
 

@@ -179,7 +179,8 @@ def test_stats_declared_and_tuning_history_rebuilds():
         # The arm only moves after a round's last iteration, and arm_changed says when.
         arm = step_size[chain, num_warmup:], max_steps[chain, num_warmup:]
         moves = np.flatnonzero((np.diff(arm[0]) != 0) | (np.diff(arm[1]) != 0)) + num_warmup
-        assert set(moves) <= set(ends) and set(moves) == set(np.flatnonzero(changed[chain]))
+        # (a move after the last iteration is recorded but cannot show in the draws)
+        assert set(moves) <= set(ends) and set(moves) == set(np.flatnonzero(changed[chain][:-1]))
     p_tune = warm["adapt_probability"].values[:, 150:]
     assert np.all(p_tune == 1.0) and np.all(stats["adapt_probability"].values[:, 10:] < 1.0)
     assert np.isnan(warm["adapt_probability"].values[:, :150]).all()

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from ahmc.core import adapt_probability, gp_ucb, search_space, ucb_beta
+from ahmc.core import TunerState, adapt_probability, gp_ucb, search_space, ucb_beta
 
 from .surfaces import bump_surface, grid_maximum, run_tuner
 
@@ -184,10 +184,7 @@ def test_lazy_update_gives_the_same_states(space):
         arm = np.int32(rng.integers(space.num_arms)) if n % 7 == 0 else eager.arm  # forced moves: evictions
         eager, info_e = tuner.update(eager._replace(arm=arm), reward, uniform)
         lazy, info_l = tuner.update(lazy._replace(arm=arm), reward, uniform, lazy=True)
-        for a, b in zip(eager, lazy):  # lazy solves over the occupied slots only: equal up to rounding
-            np.testing.assert_allclose(np.asarray(a) if not isinstance(a, tuple) else np.stack(a),
-                                       np.asarray(b) if not isinstance(b, tuple) else np.stack(b),
-                                       rtol=1e-10, atol=1e-12)
+        _assert_same_state(eager, lazy)
         assert int(info_l.next_arm) == int(info_e.next_arm)
         if not bool(info_e.is_adapting):
             assert int(info_l.proposed_arm) == -1
@@ -195,3 +192,33 @@ def test_lazy_update_gives_the_same_states(space):
         else:
             assert int(info_l.proposed_arm) == int(info_e.proposed_arm)
     assert skipped > 20 and int(info_e.num_arms) == 4  # both paths were exercised
+
+
+def _assert_same_state(expected, actual, skip=()):
+    """Equal up to rounding (lazy solves over the occupied slots only), with the same dtypes and shapes."""
+    for name in TunerState._fields:
+        if name in skip:
+            continue
+        for a, b in zip(_leaves((getattr(expected, name),)), _leaves((getattr(actual, name),))):
+            a, b = np.asarray(a), np.asarray(b)
+            assert (a.dtype, a.shape) == (b.dtype, b.shape), name
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_lazy_update_when_frozen_skips_only_the_variance(space):
+    """Once frozen, lazy=True stops maintaining the grid variance (only an acquisition reads it, and a frozen
+    tuner computes none); rounds, rewards, buffer and arm stay those of the full update."""
+    tuner = gp_ucb(space, capacity=4, k=3, freeze_after=5)
+    rng = np.random.default_rng(12)
+    full = lazy = tuner.init()
+    for n in range(20):
+        reward, uniform = rng.uniform(0.1, 2.0), rng.uniform()
+        variance_before = lazy.grid_variance
+        full, info_f = tuner.update(full, reward, uniform)
+        lazy, info_l = tuner.update(lazy, reward, uniform, lazy=True)
+        frozen = n + 1 >= 5
+        _assert_same_state(full, lazy, skip=("grid_variance",) if frozen else ())
+        assert int(info_l.next_arm) == int(info_f.next_arm) and bool(info_l.is_adapting) == bool(info_f.is_adapting)
+        if frozen:
+            assert lazy.grid_variance is variance_before and not bool(info_l.is_adapting)
+    assert float(np.max(lazy.grid_variance - full.grid_variance)) > 0  # the full update kept learning
