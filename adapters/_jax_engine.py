@@ -514,7 +514,8 @@ def build_engine(
         num_chains = state.logdensity.shape[0]
         it = state.iteration
         dtype = state.inverse_mass_matrix.dtype
-        key_hmc, key_tuner, key_restart = jax.random.split(rng_key, 3)
+        key_hmc, key_tuner = jax.random.split(rng_key)
+        key_restart = jax.random.fold_in(key_tuner, 1)  # leaves the other streams as they were
         in_metric_phase = it < metric_phase
 
         # Parameters of this iteration.
