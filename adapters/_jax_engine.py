@@ -21,6 +21,12 @@ Warm-up (default, ``adapt_mass_matrix=True`` and no user box)::
     | fast | slow windows (diag. mass matrix) | fast   | rounds of m its  |  rounds, p_i -> 0
       dual averaging of eps with L = ceil(T_w / eps)      arm = GP-UCB(eps/eps*, L)
 
+At the end of Stan's initial fast window and of every slow window, a chain whose
+mean log density over the window is far below the median chain's (lost in a
+region of negligible mass) restarts from another chain's position
+(``restart_lost_chains``; 3+ chains): the pooled dual averaging would otherwise
+follow it down to a useless step size.
+
 At the end of the metric phase the mass matrix is frozen, ``eps*`` is the
 dual-averaging step size, and the search box becomes
 ``eps in eps* x step_size_factors`` (log grid), ``L in [1, ceil(T_max / eps*)]``.
