@@ -22,8 +22,8 @@ Warm-up (default, ``adapt_mass_matrix=True`` and no user box)::
       dual averaging of eps with L = ceil(T_w / eps)      arm = GP-UCB(eps/eps*, L)
 
 At the end of Stan's initial fast window and of every slow window, a chain whose
-mean log density over the window is far below the median chain's (lost in a
-region of negligible mass) restarts from another chain's position
+mean log density over the window is far below the median chain's and not rising
+(trapped in a region of negligible mass) restarts from another chain's position
 (``restart_lost_chains``; 3+ chains): the pooled dual averaging would otherwise
 follow it down to a useless step size.
 
@@ -70,7 +70,7 @@ from blackjax.adaptation.window_adaptation import build_schedule
 from ahmc.core import RoundStats, TunerState, get_objective, gp_ucb, round_init, round_update, search_space
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
-           "sample", "lost_chains"]
+           "sample", "lost_chains", "far_below", "climbing"]
 
 NEVER = np.iinfo(np.int32).max
 
@@ -93,12 +93,14 @@ class WindowStats(NamedTuple):
     logdensity : float, (C,)   sum of the log density after each transition
     logdensity_sq : float, (C,) sum of its square
     acceptance : float, (C,)   sum of the acceptance probabilities
+    logdensity_trend : float, (C,) sum of ``t * logdensity_t`` (t = 1..count), for the trend
     """
 
     count: Any
     logdensity: Any
     logdensity_sq: Any
     acceptance: Any
+    logdensity_trend: Any
 
 
 class EngineState(NamedTuple):
@@ -327,13 +329,15 @@ def build_engine(
     restart_lost_chains
         Chain checks in the metric phase, at the end of Stan's initial fast
         window and of every slow window: with 3 or more chains, a chain whose
-        mean log density over the window is far below the median chain's
-        (:func:`lost_chains`) restarts from the current position of a randomly
-        chosen healthy chain, and the pooled dual averaging restarts.  A chain
+        mean log density over the window is far below the median chain's and
+        did not rise over the window (:func:`lost_chains`) restarts from the
+        current position of a randomly chosen chain that is not far below, and
+        the pooled dual averaging restarts.  A chain still climbing from a
+        far-off start is left alone.  A chain
         caught in a negligible-mass trap (e.g. a collapsed mixture component)
         otherwise drags the pooled step size down by orders of magnitude and
-        never mixes.  Warm-up only; at the end of warm-up a lost or stuck
-        chain (acceptance rate below 0.05) gets a ``UserWarning`` either way.
+        never mixes.  Warm-up only; at the end of warm-up a chain far below the
+        others or stuck (acceptance rate below 0.05) gets a ``UserWarning`` either way.
     """
     if not callable(logdensity_fn):
         raise ValueError("logdensity_fn must be callable: position -> scalar log density.")
@@ -468,7 +472,7 @@ def build_engine(
 
     def window_init(num_chains, dtype):
         zeros = jnp.zeros((num_chains,), dtype)
-        return WindowStats(jnp.asarray(0, jnp.int32), zeros, zeros, zeros)
+        return WindowStats(jnp.asarray(0, jnp.int32), zeros, zeros, zeros, zeros)
 
     def init(positions, rng_key=None) -> EngineState:
         """Initial state for positions with a leading chain axis."""
@@ -550,8 +554,10 @@ def build_engine(
         # Per-chain window sums for the chain checks and the end-of-warm-up warning.
         accept = jnp.nan_to_num(hmc_info.acceptance_rate, nan=0.0).astype(dtype)
         ld = new.logdensity.astype(dtype)
-        window = WindowStats(state.window.count + 1, state.window.logdensity + ld,
-                             state.window.logdensity_sq + ld * ld, state.window.acceptance + accept)
+        count = state.window.count + 1
+        window = WindowStats(count, state.window.logdensity + ld, state.window.logdensity_sq + ld * ld,
+                             state.window.acceptance + accept,
+                             state.window.logdensity_trend + count.astype(dtype) * ld)
 
         # Warm-up adapters (pooled over chains).
         da_state = state.step_size_adaptation
@@ -562,8 +568,9 @@ def build_engine(
         # Chain check: a chain far below the others restarts from a healthy chain's position.
         is_check_now = in_metric_phase & is_check[phase_it]
         if restart_lost_chains and num_chains >= 3:
-            lost = lost_chains(window) & is_check_now
-            donors = jax.random.categorical(key_restart, jnp.where(lost, -jnp.inf, 0.0), shape=(num_chains,))
+            far = far_below(window)  # at most half the chains (median): donors always exist
+            lost = far & ~climbing(window) & is_check_now
+            donors = jax.random.categorical(key_restart, jnp.where(far, -jnp.inf, 0.0), shape=(num_chains,))
 
             def take(x):
                 moved = x[donors]
@@ -697,16 +704,15 @@ LOST_GAP_MIN = 10.0  # ... and at least this many nats below
 STUCK_ACCEPTANCE = 0.05  # a chain accepting less than this on average over the window is stuck
 
 
-def lost_chains(window: WindowStats):
+def far_below(window: WindowStats):
     """(C,) bool: chains whose mean log density over the window is far below the median chain's.
 
     "Far" is ``LOST_GAP_SDS`` times the typical within-chain standard deviation
-    of the log density (median over chains; it includes the drift of chains
-    still converging, which keeps the check lenient early on) and at least
-    ``LOST_GAP_MIN`` nats.  In a d-dimensional Gaussian the log density has sd
-    ``sqrt(d / 2)``, and a chain 10 such sds below the others is not in the
-    typical set.  The median keeps one chain on a spurious high-density spike
-    from condemning the others.  Needs 2+ chains (with 2 the median is the mean).
+    of the log density (median over chains) and at least ``LOST_GAP_MIN``
+    nats.  In a d-dimensional Gaussian the log density has sd ``sqrt(d / 2)``,
+    and a chain 10 such sds below the others is not in the typical set.  The
+    median keeps one chain on a spurious high-density spike from condemning
+    the others.  Needs 2+ chains (with 2 the median is the mean).
     """
     count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
     mean = window.logdensity / count
@@ -716,10 +722,38 @@ def lost_chains(window: WindowStats):
     return (gap > LOST_GAP_SDS * spread) & (gap > LOST_GAP_MIN) & (window.count > 1)
 
 
+def climbing(window: WindowStats):
+    """(C,) bool: chains whose log density rose over the window by more than twice its own sd.
+
+    The rise is the least-squares slope of the log density against the
+    iteration, times the window length.  A chain still on its way from a
+    far-off start rises steadily (a linear climb of R has sd R / sqrt(12), so
+    the rise is ~3.5 sds); a chain at equilibrium or trapped in a local mode
+    rises by noise only (~0.4 sd over 75 iterations of independent values).
+    """
+    n = window.count.astype(window.logdensity.dtype)
+    mean_t = (n + 1.0) / 2.0
+    rise = 12.0 * (window.logdensity_trend - mean_t * window.logdensity) / jnp.maximum(n * n - 1.0, 1.0)
+    mean = window.logdensity / jnp.maximum(n, 1.0)
+    sd = jnp.sqrt(jnp.maximum(window.logdensity_sq / jnp.maximum(n, 1.0) - mean * mean, 0.0))
+    return rise > 2.0 * sd
+
+
+def lost_chains(window: WindowStats):
+    """(C,) bool: chains to restart: far below the median chain (:func:`far_below`) and not climbing.
+
+    A chain still climbing is left alone: it may be heading for a region the
+    others have not found, which the sampling phase's R-hat should get to see.
+    A chain that sits far below the others without rising is trapped (e.g. in
+    a local mode of negligible mass) and would drag the pooled step size down.
+    """
+    return far_below(window) & ~climbing(window)
+
+
 def _warn_if_lost(window: WindowStats):
     """End of warm-up: warn (host callback) about chains lost or stuck over the last window."""
     count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
-    jax.debug.callback(_warn_host, lost_chains(window), window.acceptance / count, window.logdensity / count)
+    jax.debug.callback(_warn_host, far_below(window), window.acceptance / count, window.logdensity / count)
 
 
 def _warn_host(lost, acceptance, mean_logdensity):

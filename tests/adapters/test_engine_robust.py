@@ -20,7 +20,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from numpyro.infer import MCMC  # noqa: E402
 
-from ahmc.adapters._jax_engine import WindowStats, _warn_host, lost_chains  # noqa: E402
+from ahmc.adapters._jax_engine import WindowStats, _warn_host, climbing, far_below, lost_chains  # noqa: E402
 from ahmc.adapters.blackjax import run_chains  # noqa: E402
 from ahmc.adapters.numpyro import AdaptiveHMC  # noqa: E402
 
@@ -67,16 +67,28 @@ def test_two_chains_cannot_restart_but_warn():
     assert np.allclose(np.asarray(samples)[1], TRAP, atol=0.1)  # still trapped
 
 
-def window(means, sds, acceptance, count=50):
+def window(means, sds, acceptance, count=50, rises=None):
+    """Window sums of chains with these means, sds and linear rises over the window (default flat)."""
     means, sds = np.asarray(means, float), np.asarray(sds, float)
-    return WindowStats(jnp.asarray(count, jnp.int32), jnp.asarray(means * count),
-                       jnp.asarray((sds**2 + means**2) * count), jnp.asarray(np.asarray(acceptance) * count))
+    rises = np.zeros_like(means) if rises is None else np.asarray(rises, float)
+    t = np.arange(1, count + 1)
+    # A linear ramp of total rise R plus noise of sd sqrt(sd^2 - R^2 / 12) about it (exact sums).
+    trend = means[:, None] + rises[:, None] * ((t - (count + 1) / 2) / count)[None, :]
+    noise_var = np.maximum(sds**2 - (trend - means[:, None]).var(axis=1), 0.0)
+    return WindowStats(jnp.asarray(count, jnp.int32), jnp.asarray(trend.sum(axis=1)),
+                       jnp.asarray((trend**2).sum(axis=1) + noise_var * count),
+                       jnp.asarray(np.asarray(acceptance, float) * count), jnp.asarray((trend * t).sum(axis=1)))
 
 
 def test_lost_chains_rule():
-    # Chains 1 and 2 of the gauss_mix failure: ~420 nats below, log density sd ~2.
+    # Chains 1 and 2 of the gauss_mix failure: ~420 nats below, flat, log density sd ~2.
     flags = lost_chains(window([-2105, -2530, -2525, -2104], [2, 1, 1, 2], [0.8] * 4))
     np.testing.assert_array_equal(np.asarray(flags), [False, True, True, False])
+    # The same gap while climbing 200 nats over the window: a slow start, left alone (but far below).
+    climbing_window = window([-2105, -2530, -2525, -2104], [2, 60, 1, 2], [0.8] * 4, rises=[0, 200, 0, 0])
+    np.testing.assert_array_equal(np.asarray(climbing(climbing_window)), [False, True, False, False])
+    np.testing.assert_array_equal(np.asarray(lost_chains(climbing_window)), [False, False, True, False])
+    np.testing.assert_array_equal(np.asarray(far_below(climbing_window)), [False, True, True, False])
     # Healthy chains differing by a few sds, a chain on a high spike, and a gap below 10 nats are left alone.
     assert not np.asarray(lost_chains(window([-500, -520, -505, -510], [22, 22, 22, 22], [0.8] * 4))).any()
     assert not np.asarray(lost_chains(window([-5, -5, 300, -6], [1, 1, 1, 1], [0.8] * 4))).any()
