@@ -569,7 +569,7 @@ def build_engine(
         is_check_now = in_metric_phase & is_check[phase_it]
         if restart_lost_chains and num_chains >= 3:
             far = far_below(window)  # at most half the chains (median): donors always exist
-            lost = far & ~climbing(window) & is_check_now
+            lost = lost_chains(window, ld) & is_check_now
             donors = jax.random.categorical(key_restart, jnp.where(far, -jnp.inf, 0.0), shape=(num_chains,))
 
             def take(x):
@@ -583,7 +583,7 @@ def build_engine(
             lost = jnp.zeros((num_chains,), bool)
         warmup_ends = it == num_warmup - 1
         if num_warmup > 0:
-            jax.lax.cond(warmup_ends, _warn_if_lost, lambda w: None, window)
+            jax.lax.cond(warmup_ends, _warn_if_lost, lambda operand: None, (window, ld))
         window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
                               window_init(num_chains, dtype), window)
         slow_now = in_metric_phase & is_slow[phase_it]
@@ -704,56 +704,66 @@ LOST_GAP_MIN = 10.0  # ... and at least this many nats below
 STUCK_ACCEPTANCE = 0.05  # a chain accepting less than this on average over the window is stuck
 
 
-def far_below(window: WindowStats):
+def _window_moments(window: WindowStats):
+    n = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
+    mean = window.logdensity / n
+    var = jnp.maximum(window.logdensity_sq / n - mean * mean, 0.0)
+    return n, mean, var
+
+
+def far_below(window: WindowStats, logdensity=None):
     """(C,) bool: chains whose mean log density over the window is far below the median chain's.
 
     "Far" is ``LOST_GAP_SDS`` times the typical within-chain standard deviation
-    of the log density (median over chains) and at least ``LOST_GAP_MIN``
-    nats.  In a d-dimensional Gaussian the log density has sd ``sqrt(d / 2)``,
-    and a chain 10 such sds below the others is not in the typical set.  The
-    median keeps one chain on a spurious high-density spike from condemning
-    the others.  Needs 2+ chains (with 2 the median is the mean).
+    of the log density (``spread``: median over chains) and at least
+    ``LOST_GAP_MIN`` nats.  In a d-dimensional Gaussian the log density has sd
+    ``sqrt(d / 2)``, and a chain 10 such sds below the others is not in the
+    typical set.  The median keeps one chain on a spurious high-density spike
+    from condemning the others.  With ``logdensity`` (the chains' current
+    values) the chain must also still be that far below now: a chain that
+    arrived during the window is not lost.  Needs 2+ chains.
     """
-    count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
-    mean = window.logdensity / count
-    var = jnp.maximum(window.logdensity_sq / count - mean * mean, 0.0)
+    _, mean, var = _window_moments(window)
     spread = jnp.sqrt(jnp.median(var))
-    gap = jnp.median(mean) - mean
-    return (gap > LOST_GAP_SDS * spread) & (gap > LOST_GAP_MIN) & (window.count > 1)
+    threshold = jnp.maximum(LOST_GAP_SDS * spread, LOST_GAP_MIN)
+    far = (jnp.median(mean) - mean > threshold) & (window.count > 1)
+    if logdensity is not None:
+        far &= jnp.median(mean) - logdensity > threshold
+    return far
 
 
 def climbing(window: WindowStats):
-    """(C,) bool: chains whose log density rose over the window by more than twice its own sd.
+    """(C,) bool: chains whose log density rose over the window by more than 3 typical sds.
 
     The rise is the least-squares slope of the log density against the
-    iteration, times the window length.  A chain still on its way from a
-    far-off start rises steadily (a linear climb of R has sd R / sqrt(12), so
-    the rise is ~3.5 sds); a chain at equilibrium or trapped in a local mode
-    rises by noise only (~0.4 sd over 75 iterations of independent values).
+    iteration, times the window length; the typical sd is the median over
+    chains of the within-window sd.  A chain still on its way from a far-off
+    start rises by many of them; a chain at equilibrium, or trapped in a local
+    mode, rises by noise only (about one sd over 75 autocorrelated iterations).
     """
-    n = window.count.astype(window.logdensity.dtype)
+    n, mean, var = _window_moments(window)
     mean_t = (n + 1.0) / 2.0
     rise = 12.0 * (window.logdensity_trend - mean_t * window.logdensity) / jnp.maximum(n * n - 1.0, 1.0)
-    mean = window.logdensity / jnp.maximum(n, 1.0)
-    sd = jnp.sqrt(jnp.maximum(window.logdensity_sq / jnp.maximum(n, 1.0) - mean * mean, 0.0))
-    return rise > 2.0 * sd
+    return rise > 3.0 * jnp.sqrt(jnp.median(var))
 
 
-def lost_chains(window: WindowStats):
-    """(C,) bool: chains to restart: far below the median chain (:func:`far_below`) and not climbing.
+def lost_chains(window: WindowStats, logdensity=None):
+    """(C,) bool: chains to restart: far below the median chain, now too (:func:`far_below`), and not climbing.
 
     A chain still climbing is left alone: it may be heading for a region the
     others have not found, which the sampling phase's R-hat should get to see.
     A chain that sits far below the others without rising is trapped (e.g. in
     a local mode of negligible mass) and would drag the pooled step size down.
     """
-    return far_below(window) & ~climbing(window)
+    return far_below(window, logdensity) & ~climbing(window)
 
 
-def _warn_if_lost(window: WindowStats):
-    """End of warm-up: warn (host callback) about chains lost or stuck over the last window."""
+def _warn_if_lost(operand):
+    """End of warm-up: warn (host callback) about chains far below the others, or stuck, over the last window."""
+    window, logdensity = operand
     count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
-    jax.debug.callback(_warn_host, far_below(window), window.acceptance / count, window.logdensity / count)
+    jax.debug.callback(_warn_host, far_below(window, logdensity), window.acceptance / count,
+                       window.logdensity / count)
 
 
 def _warn_host(lost, acceptance, mean_logdensity):

@@ -84,11 +84,15 @@ def test_lost_chains_rule():
     # Chains 1 and 2 of the gauss_mix failure: ~420 nats below, flat, log density sd ~2.
     flags = lost_chains(window([-2105, -2530, -2525, -2104], [2, 1, 1, 2], [0.8] * 4))
     np.testing.assert_array_equal(np.asarray(flags), [False, True, True, False])
-    # The same gap while climbing 200 nats over the window: a slow start, left alone (but far below).
+    # The same gap while climbing 200 nats over the window: a slow start, left alone (but still far below).
     climbing_window = window([-2105, -2530, -2525, -2104], [2, 60, 1, 2], [0.8] * 4, rises=[0, 200, 0, 0])
     np.testing.assert_array_equal(np.asarray(climbing(climbing_window)), [False, True, False, False])
     np.testing.assert_array_equal(np.asarray(lost_chains(climbing_window)), [False, False, True, False])
     np.testing.assert_array_equal(np.asarray(far_below(climbing_window)), [False, True, True, False])
+    # Far below on average but arrived by the end of the window (current log density): not lost.
+    trapped = window([-2105, -2530, -2525, -2104], [2, 1, 1, 2], [0.8] * 4)
+    now = jnp.asarray([-2105.0, -2106.0, -2525.0, -2104.0])
+    np.testing.assert_array_equal(np.asarray(lost_chains(trapped, now)), [False, False, True, False])
     # Healthy chains differing by a few sds, a chain on a high spike, and a gap below 10 nats are left alone.
     assert not np.asarray(lost_chains(window([-500, -520, -505, -510], [22, 22, 22, 22], [0.8] * 4))).any()
     assert not np.asarray(lost_chains(window([-5, -5, 300, -6], [1, 1, 1, 1], [0.8] * 4))).any()
