@@ -22,8 +22,8 @@ Warm-up (default, ``adapt_mass_matrix=True`` and no user box)::
       dual averaging of eps with L = ceil(T_w / eps)      arm = GP-UCB(eps/eps*, L)
 
 At the end of Stan's initial fast window and of every slow window, a chain whose
-mean log density over the window is far below the median chain's and not rising
-(trapped in a region of negligible mass) restarts from another chain's position
+mean log density over the window is far below the median chain's, still is at
+the check, and did not climb (trapped in a region of negligible mass) restarts from another chain's position
 (``restart_lost_chains``; 3+ chains): the pooled dual averaging would otherwise
 follow it down to a useless step size.
 
@@ -329,8 +329,9 @@ def build_engine(
     restart_lost_chains
         Chain checks in the metric phase, at the end of Stan's initial fast
         window and of every slow window: with 3 or more chains, a chain whose
-        mean log density over the window is far below the median chain's and
-        did not rise over the window (:func:`lost_chains`) restarts from the
+        mean log density over the window is far below the median chain's, is
+        still that far below at the check and did not climb over the window
+        (:func:`lost_chains`) restarts from the
         current position of a randomly chosen chain that is not far below, and
         the pooled dual averaging restarts.  A chain still climbing from a
         far-off start is left alone.  A chain
