@@ -21,6 +21,12 @@ Warm-up (default, ``adapt_mass_matrix=True`` and no user box)::
     | fast | slow windows (diag. mass matrix) | fast   | rounds of m its  |  rounds, p_i -> 0
       dual averaging of eps with L = ceil(T_w / eps)      arm = GP-UCB(eps/eps*, L)
 
+At the end of Stan's initial fast window and of every slow window, a chain whose
+mean log density over the window is far below the median chain's, still is at
+the check, and did not climb (trapped in a region of negligible mass) restarts from another chain's position
+(``restart_lost_chains``; 3+ chains): the pooled dual averaging would otherwise
+follow it down to a useless step size.
+
 At the end of the metric phase the mass matrix is frozen, ``eps*`` is the
 dual-averaging step size, and the search box becomes
 ``eps in eps* x step_size_factors`` (log grid), ``L in [1, ceil(T_max / eps*)]``.
@@ -47,6 +53,7 @@ the mean for ESS of the variance (1.46x / 2.58x on the small regression).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -62,7 +69,8 @@ from blackjax.adaptation.window_adaptation import build_schedule
 
 from ahmc.core import RoundStats, TunerState, get_objective, gp_ucb, round_init, round_update, search_space
 
-__all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "Engine", "build_engine", "sample"]
+__all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
+           "sample", "lost_chains", "far_below", "climbing"]
 
 NEVER = np.iinfo(np.int32).max
 
@@ -76,6 +84,23 @@ class SearchBox(NamedTuple):
 
     step_size: Any
     num_steps: Any
+
+
+class WindowStats(NamedTuple):
+    """Per-chain sums over the current check window (reset at every chain check).
+
+    count : int32, ()          iterations in the window (shared by all chains)
+    logdensity : float, (C,)   sum of the log density after each transition
+    logdensity_sq : float, (C,) sum of its square
+    acceptance : float, (C,)   sum of the acceptance probabilities
+    logdensity_trend : float, (C,) sum of ``t * logdensity_t`` (t = 1..count), for the trend
+    """
+
+    count: Any
+    logdensity: Any
+    logdensity_sq: Any
+    acceptance: Any
+    logdensity_trend: Any
 
 
 class EngineState(NamedTuple):
@@ -94,6 +119,7 @@ class EngineState(NamedTuple):
     step_size_adaptation : DualAveragingAdaptationState (unbatched, pooled acceptance)
     mass_matrix_adaptation : MassMatrixAdaptationState (pooled Welford)
     adapt_probability : float, ()        p_i of the latest tuner update (1 before any)
+    window : WindowStats                 per-chain log density / acceptance sums since the last chain check
     """
 
     position: Any
@@ -107,6 +133,7 @@ class EngineState(NamedTuple):
     step_size_adaptation: Any
     mass_matrix_adaptation: Any
     adapt_probability: Any
+    window: WindowStats
 
 
 class EngineInfo(NamedTuple):
@@ -127,6 +154,7 @@ class EngineInfo(NamedTuple):
     is_warmup              the iteration belongs to warm-up
     fixed_point_converged  RMHMC: every implicit solve converged (always True for HMC)
     num_gradient_evals     log-density gradients (+ metric evaluations for RMHMC) of the transition
+    restarted              the chain was lost and restarted from another chain's position (warm-up checks)
     """
 
     step_size: Any
@@ -144,6 +172,7 @@ class EngineInfo(NamedTuple):
     is_warmup: Any
     fixed_point_converged: Any
     num_gradient_evals: Any
+    restarted: Any
 
 
 class EngineConfig(NamedTuple):
@@ -164,6 +193,7 @@ class EngineConfig(NamedTuple):
     target_acceptance_rate: float
     objective: Callable
     freeze_after: int | None
+    restart_lost_chains: bool
 
 
 class Engine(NamedTuple):
@@ -227,6 +257,7 @@ def build_engine(
     integrator: Callable = integrators.velocity_verlet,
     divergence_threshold: float = 1000.0,
     kernel: Callable | None = None,
+    restart_lost_chains: bool = True,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
 
@@ -295,6 +326,19 @@ def build_engine(
         logdensity_fn, step_size, inverse_mass_matrix, num_integration_steps)
         -> (HMCState, info)``; ``info`` may carry ``fixed_point_converged`` and
         ``num_gradient_evals`` (RMHMC, :mod:`ahmc.adapters._jax_rmhmc`).
+    restart_lost_chains
+        Chain checks in the metric phase, at the end of Stan's initial fast
+        window and of every slow window: with 3 or more chains, a chain whose
+        mean log density over the window is far below the median chain's, is
+        still that far below at the check and did not climb over the window
+        (:func:`lost_chains`) restarts from the
+        current position of a randomly chosen chain that is not far below, and
+        the pooled dual averaging restarts.  A chain still climbing from a
+        far-off start is left alone.  A chain
+        caught in a negligible-mass trap (e.g. a collapsed mixture component)
+        otherwise drags the pooled step size down by orders of magnitude and
+        never mixes.  Warm-up only; at the end of warm-up a chain far below the
+        others or stuck (acceptance rate below 0.05) gets a ``UserWarning`` either way.
     """
     if not callable(logdensity_fn):
         raise ValueError("logdensity_fn must be callable: position -> scalar log density.")
@@ -363,19 +407,23 @@ def build_engine(
         step_size_factors=(lo_factor, hi_factor), max_integration_time=float(max_integration_time),
         num_steps_cap=int(num_steps_cap), warmup_integration_time=float(warmup_integration_time),
         target_acceptance_rate=float(target_acceptance_rate), objective=objective_fn,
-        freeze_after=freeze_rounds,
+        freeze_after=freeze_rounds, restart_lost_chains=bool(restart_lost_chains),
     )
 
     # Static per-iteration schedule of the metric phase: (is_slow_window, is_window_end).
+    # Chain checks (restart of lost chains) at the end of the initial fast window and of every slow window.
     if metric_phase > 0:
         with jax.ensure_compile_time_eval():  # build_engine may be called under jit
             stan = np.asarray(build_schedule(metric_phase))
         is_slow = stan[:, 0].astype(bool) & adapt_mass_matrix
         is_window_end = stan[:, 1].astype(bool) & adapt_mass_matrix
+        slow = stan[:, 0].astype(bool)
+        is_check = stan[:, 1].astype(bool) | np.append(~slow[:-1] & slow[1:], False)
     else:
         is_slow = np.zeros(1, bool)
         is_window_end = np.zeros(1, bool)
-    is_slow, is_window_end = jnp.asarray(is_slow), jnp.asarray(is_window_end)
+        is_check = np.zeros(1, bool)
+    is_slow, is_window_end, is_check = jnp.asarray(is_slow), jnp.asarray(is_window_end), jnp.asarray(is_check)
 
     hmc_kernel = hmc.build_kernel(integrator, divergence_threshold) if kernel is None else kernel
     da_init_raw, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
@@ -423,6 +471,10 @@ def build_engine(
         steps = jnp.ceil(warmup_integration_time / eps)
         return jnp.clip(jnp.nan_to_num(steps, nan=1.0), 1, num_steps_cap).astype(jnp.int32)
 
+    def window_init(num_chains, dtype):
+        zeros = jnp.zeros((num_chains,), dtype)
+        return WindowStats(jnp.asarray(0, jnp.int32), zeros, zeros, zeros, zeros)
+
     def init(positions, rng_key=None) -> EngineState:
         """Initial state for positions with a leading chain axis."""
         leaves = jax.tree.leaves(positions)
@@ -466,6 +518,7 @@ def build_engine(
             iteration=jnp.asarray(0, jnp.int32), tuner=tuner_state, round_stats=stats,
             inverse_mass_matrix=imm, box=box, step_size_adaptation=da_init(eps0),
             mass_matrix_adaptation=mm_init(dim, dtype), adapt_probability=jnp.asarray(1.0, dtype),
+            window=window_init(num_chains, dtype),
         )
 
     def step(rng_key, state: EngineState):
@@ -473,6 +526,7 @@ def build_engine(
         it = state.iteration
         dtype = state.inverse_mass_matrix.dtype
         key_hmc, key_tuner = jax.random.split(rng_key)
+        key_restart = jax.random.fold_in(key_tuner, 1)  # leaves the other streams as they were
         in_metric_phase = it < metric_phase
 
         # Parameters of this iteration.
@@ -498,12 +552,41 @@ def build_engine(
         new, hmc_info, num_taken = jax.vmap(transition)(
             keys, state.position, state.logdensity, state.logdensity_grad, eps, max_steps)
 
+        # Per-chain window sums for the chain checks and the end-of-warm-up warning.
+        accept = jnp.nan_to_num(hmc_info.acceptance_rate, nan=0.0).astype(dtype)
+        ld = new.logdensity.astype(dtype)
+        count = state.window.count + 1
+        window = WindowStats(count, state.window.logdensity + ld, state.window.logdensity_sq + ld * ld,
+                             state.window.acceptance + accept,
+                             state.window.logdensity_trend + count.astype(dtype) * ld)
+
         # Warm-up adapters (pooled over chains).
         da_state = state.step_size_adaptation
-        mean_accept = jnp.mean(jnp.nan_to_num(hmc_info.acceptance_rate, nan=0.0))
         da_state = jax.tree.map(lambda a, b: jnp.where(in_metric_phase, a, b),
-                                da_update(da_state, mean_accept), da_state)
+                                da_update(da_state, jnp.mean(accept)), da_state)
         phase_it = jnp.minimum(it, is_slow.shape[0] - 1)
+
+        # Chain check: a chain far below the others restarts from a healthy chain's position.
+        is_check_now = in_metric_phase & is_check[phase_it]
+        if restart_lost_chains and num_chains >= 3:
+            far = far_below(window)  # at most half the chains (median): donors always exist
+            lost = lost_chains(window, ld) & is_check_now
+            donors = jax.random.categorical(key_restart, jnp.where(far, -jnp.inf, 0.0), shape=(num_chains,))
+
+            def take(x):
+                moved = x[donors]
+                return jnp.where(lost.reshape((-1,) + (1,) * (x.ndim - 1)), moved, x)
+
+            new = jax.tree.map(take, new)
+            da_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(lost), a, b),
+                                    da_init(jnp.exp(da_state.log_step_size)), da_state)
+        else:
+            lost = jnp.zeros((num_chains,), bool)
+        warmup_ends = it == num_warmup - 1
+        if num_warmup > 0:
+            jax.lax.cond(warmup_ends, _warn_if_lost, lambda operand: None, (window, ld))
+        window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
+                              window_init(num_chains, dtype), window)
         slow_now = in_metric_phase & is_slow[phase_it]
         window_end = in_metric_phase & is_window_end[phase_it]
         flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
@@ -584,6 +667,7 @@ def build_engine(
             position=new.position, logdensity=new.logdensity, logdensity_grad=new.logdensity_grad,
             iteration=it + 1, tuner=tuner_state, round_stats=stats, inverse_mass_matrix=imm, box=box,
             step_size_adaptation=da_state, mass_matrix_adaptation=mm_state, adapt_probability=p,
+            window=window,
         )
         round_index = jnp.where(in_metric_phase, 0, since_gp // round_length + 1).astype(jnp.int32)
         info = EngineInfo(
@@ -595,6 +679,7 @@ def build_engine(
             is_warmup=jnp.broadcast_to(it < num_warmup, (num_chains,)),
             fixed_point_converged=getattr(hmc_info, "fixed_point_converged", jnp.ones((num_chains,), bool)),
             num_gradient_evals=getattr(hmc_info, "num_gradient_evals", num_taken).astype(jnp.int32),
+            restarted=lost,
         )
         return new_state, info
 
@@ -613,6 +698,94 @@ def build_engine(
         }
 
     return Engine(init=init, step=step, parameters=parameters, tuner=tuner, config=config)
+
+
+LOST_GAP_SDS = 10.0  # a lost chain's mean log density is this many within-chain sds below the median chain's
+LOST_GAP_MIN = 10.0  # ... and at least this many nats below
+STUCK_ACCEPTANCE = 0.05  # a chain accepting less than this on average over the window is stuck
+
+
+def _window_moments(window: WindowStats):
+    n = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
+    mean = window.logdensity / n
+    var = jnp.maximum(window.logdensity_sq / n - mean * mean, 0.0)
+    return n, mean, var
+
+
+def far_below(window: WindowStats, logdensity=None):
+    """(C,) bool: chains whose mean log density over the window is far below the median chain's.
+
+    "Far" is ``LOST_GAP_SDS`` times the typical within-chain standard deviation
+    of the log density (``spread``: median over chains) and at least
+    ``LOST_GAP_MIN`` nats.  In a d-dimensional Gaussian the log density has sd
+    ``sqrt(d / 2)``, and a chain 10 such sds below the others is not in the
+    typical set.  The median keeps one chain on a spurious high-density spike
+    from condemning the others.  With ``logdensity`` (the chains' current
+    values) the chain must also still be that far below now: a chain that
+    arrived during the window is not lost.  Needs 2+ chains.
+    """
+    _, mean, var = _window_moments(window)
+    spread = jnp.sqrt(jnp.median(var))
+    threshold = jnp.maximum(LOST_GAP_SDS * spread, LOST_GAP_MIN)
+    far = (jnp.median(mean) - mean > threshold) & (window.count > 1)
+    if logdensity is not None:
+        far &= jnp.median(mean) - logdensity > threshold
+    return far
+
+
+def climbing(window: WindowStats):
+    """(C,) bool: chains whose log density rose over the window by more than 3 typical sds.
+
+    The rise is the least-squares slope of the log density against the
+    iteration, times the window length; the typical sd is the median over
+    chains of the within-window sd.  A chain still on its way from a far-off
+    start rises by many of them; a chain at equilibrium, or trapped in a local
+    mode, rises by noise only (about one sd over 75 autocorrelated iterations).
+    """
+    n, mean, var = _window_moments(window)
+    mean_t = (n + 1.0) / 2.0
+    rise = 12.0 * (window.logdensity_trend - mean_t * window.logdensity) / jnp.maximum(n * n - 1.0, 1.0)
+    return rise > 3.0 * jnp.sqrt(jnp.median(var))
+
+
+def lost_chains(window: WindowStats, logdensity=None):
+    """(C,) bool: chains to restart: far below the median chain, now too (:func:`far_below`), and not climbing.
+
+    A chain still climbing is left alone: it may be heading for a region the
+    others have not found, which the sampling phase's R-hat should get to see.
+    A chain that sits far below the others without rising is trapped (e.g. in
+    a local mode of negligible mass) and would drag the pooled step size down.
+    """
+    return far_below(window, logdensity) & ~climbing(window)
+
+
+def _warn_if_lost(operand):
+    """End of warm-up: warn (host callback) about chains far below the others, or stuck, over the last window."""
+    window, logdensity = operand
+    count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
+    jax.debug.callback(_warn_host, far_below(window, logdensity), window.acceptance / count,
+                       window.logdensity / count)
+
+
+def _warn_host(lost, acceptance, mean_logdensity):
+    lost, acceptance = np.asarray(lost, bool), np.asarray(acceptance)
+    stuck = acceptance < STUCK_ACCEPTANCE
+    if not (lost.any() or stuck.any()):
+        return
+    parts = []
+    if lost.any():
+        parts.append(f"chain(s) {np.flatnonzero(lost).tolist()} have a mean log density far below the other "
+                     f"chains' ({np.round(np.asarray(mean_logdensity), 1).tolist()})")
+    if stuck.any():
+        parts.append(f"chain(s) {np.flatnonzero(stuck).tolist()} accepted almost no proposals "
+                     f"(mean acceptance {np.round(acceptance, 3).tolist()})")
+    warnings.warn(
+        "ahmc: at the end of warm-up " + "; ".join(parts) + ". Such a chain is stuck (e.g. in a "
+        "negligible-mass local mode) and its draws do not represent the posterior: check R-hat, start the "
+        "chains elsewhere (init_params / initial positions), run more warm-up, or use 3+ chains so that "
+        "the warm-up can restart lost chains.",
+        UserWarning, stacklevel=2,
+    )
 
 
 def _check_finite(logdensity, grad):

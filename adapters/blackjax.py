@@ -31,7 +31,8 @@ Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`)
 ``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
 ``objective``, ``schedule``, ``k``, ``freeze_after``, ``target_acceptance_rate``,
 GP settings (``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``,
-``delta``), ``integrator``, ``divergence_threshold``.  ``paper_preset=True``
+``delta``), ``integrator``, ``divergence_threshold``, ``restart_lost_chains``
+(warm-up restarts a chain lost far below the others; 3+ chains).  ``paper_preset=True``
 selects Algorithm 2 as published (identity mass matrix, GP from the first
 round, linear step-size grid, ``k = 100``; requires the two bounds).
 """

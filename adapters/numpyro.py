@@ -96,6 +96,10 @@ class AdaptiveHMC(MCMCKernel):
         ``objective``, ``schedule``, ``k``, ``freeze_after`` (rounds, or
         ``"warmup"``), ``pooled`` (vectorized chains only), and the GP settings
         ``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``, ``delta``.
+        ``restart_lost_chains`` (default True): with 3+ vectorized chains the
+        warm-up restarts a chain lost far below the others from another
+        chain's position; a chain still lost or stuck at the end of warm-up
+        gets a ``UserWarning``.
 
     Examples
     --------

@@ -287,6 +287,8 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
         extra["rounds"] = _as_float_list(np.asarray(info.round).max(axis=0))
     if getattr(info, "arm_changed", None) is not None:
         extra["arm_changes"] = _as_float_list(np.asarray(info.arm_changed).sum(axis=0))
+    if getattr(info, "restarted", None) is not None:  # lost chains restarted in warm-up
+        extra["restarts"] = _as_float_list(np.asarray(info.restarted).sum(axis=0))
     keep = None
     if getattr(state, "box", None) is not None and hasattr(info, "_asdict"):
         keep = {"tuning": {"info": {k: np.asarray(v) for k, v in info._asdict().items()},

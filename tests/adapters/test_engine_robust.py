@@ -1,0 +1,107 @@
+"""The JAX engine's warm-up against a lost chain (issue #4).
+
+A chain that starts in (or falls into) a local mode of negligible mass has an
+acceptance rate near 0 at any step size the other chains can use; with the
+step size's dual averaging pooled over chains it used to drag the shared step
+size down by orders of magnitude and never leave (posteriordb
+``low_dim_gauss_mix`` through NumPyro: R-hat 1.56, eps 4e-4).  The trap below
+is a N(0, I) target plus a narrow bump far away (peak log density -60, width
+0.01): its mass (~1e-31) is negligible, so the truth is N(0, I), but a chain
+started on it cannot climb out.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numpyro")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from numpyro.infer import MCMC  # noqa: E402
+
+from ahmc.adapters._jax_engine import WindowStats, _warn_host, climbing, far_below, lost_chains  # noqa: E402
+from ahmc.adapters.blackjax import run_chains  # noqa: E402
+from ahmc.adapters.numpyro import AdaptiveHMC  # noqa: E402
+
+from ..reference import assert_moments_match  # noqa: E402
+
+DIM = 3
+TRAP = 8.0  # the bump sits at (8, 8, 8)
+
+
+def trapped_logdensity(x):
+    main = -0.5 * jnp.sum(x**2)
+    bump = -60.0 - 0.5 * jnp.sum((x - TRAP) ** 2) / 0.01**2
+    return jnp.logaddexp(main, bump)
+
+
+def trapped_start(num_chains):
+    """Uniform(-2, 2) starts, except chain 1, which starts on the bump."""
+    positions = np.random.default_rng(0).uniform(-2.0, 2.0, size=(num_chains, DIM))
+    positions[1] = TRAP
+    return jnp.asarray(positions)
+
+
+def test_numpyro_vectorized_chains_recover_from_a_trapped_chain():
+    kernel = AdaptiveHMC(potential_fn=lambda x: -trapped_logdensity(x))
+    mcmc = MCMC(kernel, num_warmup=400, num_samples=1000, num_chains=4, chain_method="vectorized",
+                progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a lost chain left at the end of warm-up would warn
+        mcmc.run(jax.random.key(3), init_params=trapped_start(4), extra_fields=("step_size",))
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True))
+    # Every chain, the trapped one included, samples N(0, I).
+    assert_moments_match(draws, np.zeros(DIM), np.ones(DIM))
+    # The shared step size did not collapse: ~1 on N(0, I), 0.014 when the trapped chain dragged it.
+    step_size = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["step_size"])
+    assert np.all(step_size > 0.3)
+
+
+def test_two_chains_cannot_restart_but_warn():
+    """With 2 chains the median cannot tell which chain is lost: no restart, a warning instead."""
+    with pytest.warns(UserWarning, match=r"chain\(s\) \[1\]"):
+        samples, info = run_chains(jax.random.key(4), trapped_logdensity, trapped_start(2), 150, 10)
+        np.asarray(samples)  # wait for the host callback
+    assert not np.asarray(info.restarted).any()
+    assert np.allclose(np.asarray(samples)[1], TRAP, atol=0.1)  # still trapped
+
+
+def window(means, sds, acceptance, count=50, rises=None):
+    """Window sums of chains with these means, sds and linear rises over the window (default flat)."""
+    means, sds = np.asarray(means, float), np.asarray(sds, float)
+    rises = np.zeros_like(means) if rises is None else np.asarray(rises, float)
+    t = np.arange(1, count + 1)
+    # A linear ramp of total rise R plus noise of sd sqrt(sd^2 - R^2 / 12) about it (exact sums).
+    trend = means[:, None] + rises[:, None] * ((t - (count + 1) / 2) / count)[None, :]
+    noise_var = np.maximum(sds**2 - (trend - means[:, None]).var(axis=1), 0.0)
+    return WindowStats(jnp.asarray(count, jnp.int32), jnp.asarray(trend.sum(axis=1)),
+                       jnp.asarray((trend**2).sum(axis=1) + noise_var * count),
+                       jnp.asarray(np.asarray(acceptance, float) * count), jnp.asarray((trend * t).sum(axis=1)))
+
+
+def test_lost_chains_rule():
+    # Chains 1 and 2 of the gauss_mix failure: ~420 nats below, flat, log density sd ~2.
+    flags = lost_chains(window([-2105, -2530, -2525, -2104], [2, 1, 1, 2], [0.8] * 4))
+    np.testing.assert_array_equal(np.asarray(flags), [False, True, True, False])
+    # The same gap while climbing 200 nats over the window: a slow start, left alone (but still far below).
+    climbing_window = window([-2105, -2530, -2525, -2104], [2, 60, 1, 2], [0.8] * 4, rises=[0, 200, 0, 0])
+    np.testing.assert_array_equal(np.asarray(climbing(climbing_window)), [False, True, False, False])
+    np.testing.assert_array_equal(np.asarray(lost_chains(climbing_window)), [False, False, True, False])
+    np.testing.assert_array_equal(np.asarray(far_below(climbing_window)), [False, True, True, False])
+    # Far below on average but arrived by the end of the window (current log density): not lost.
+    trapped = window([-2105, -2530, -2525, -2104], [2, 1, 1, 2], [0.8] * 4)
+    now = jnp.asarray([-2105.0, -2106.0, -2525.0, -2104.0])
+    np.testing.assert_array_equal(np.asarray(lost_chains(trapped, now)), [False, False, True, False])
+    # Healthy chains differing by a few sds, a chain on a high spike, and a gap below 10 nats are left alone.
+    assert not np.asarray(lost_chains(window([-500, -520, -505, -510], [22, 22, 22, 22], [0.8] * 4))).any()
+    assert not np.asarray(lost_chains(window([-5, -5, 300, -6], [1, 1, 1, 1], [0.8] * 4))).any()
+    assert not np.asarray(lost_chains(window([-1, -1, -9, -1], [0.1] * 4, [0.8] * 4))).any()
+
+
+def test_stuck_chain_warning_names_the_chain():
+    with pytest.warns(UserWarning, match=r"chain\(s\) \[2\] accepted almost no proposals"):
+        _warn_host(np.zeros(3, bool), np.array([0.8, 0.7, 0.01]), np.zeros(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_host(np.zeros(3, bool), np.array([0.8, 0.7, 0.6]), np.zeros(3))
