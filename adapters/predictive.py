@@ -40,6 +40,14 @@ each transition draws its number of leapfrog steps uniformly from ``{1..L}``.
 The remaining warm-up and all of sampling are rounds; the adaptation
 probability is 1 during warm-up and decays as ``(i - k + 1)^(-1/2)`` after it.
 
+Engine.  The GP rounds run on the shared JAX engine
+(:func:`ahmc.adapters._jax_engine.build_engine`), not a driver of their own:
+the folds' training masks are its ``chain_data``, :func:`predictive_reward`
+is its round-end hook (it sees a buffer of the round's positions) and
+``super_transitions`` its option of the same name.  Each fold runs in its own
+whitened coordinates ``z = x / (eps*_c sqrt(imm_c))``, so the engine's step
+size *is* the shared factor ``f`` and its unit mass matrix the fold's own.
+
 Super-transitions (thesis section 3.2, after Neal).  With
 ``super_transitions=B`` every round spends the same leapfrog budget instead of
 the same number of iterations: a round with maximum ``L`` makes
