@@ -376,7 +376,7 @@ def run_cross_validation(
         state, stats = run_round(state, key)
         num_iterations = int(stats["num_iterations"])
         if keep_warmup or not is_warmup:
-            draws = np.asarray(state.round_draws[:, :num_iterations] * scales[:, None])
+            draws = np.asarray(stats["draws"][:, :num_iterations] * scales[:, None])
             kept.append(np.swapaxes(draws, 0, 1))
         hook_out = state.round_end_state
         fold_losses = np.asarray(hook_out.fold_losses)
@@ -400,18 +400,21 @@ def run_cross_validation(
 
 
 def _run_round(step, state, rng_key):
-    """Engine iterations until the tuner has taken this round's reward; per-chain sums of the round."""
+    """Engine iterations until the tuner has taken this round's reward: the state, per-chain sums
+    of the round and its draws (recorded here, apart from the hook's buffer, so tests can check one
+    against the other)."""
     first_round = state.tuner.round
     num_chains = state.logdensity.shape[0]
     stats0 = {"num_iterations": jnp.asarray(0, jnp.int32), "num_gradients": jnp.zeros((num_chains,), jnp.int32),
               "acceptance": jnp.zeros((num_chains,), state.logdensity.dtype),
-              "num_divergent": jnp.zeros((num_chains,), jnp.int32)}
+              "num_divergent": jnp.zeros((num_chains,), jnp.int32), "draws": jnp.zeros_like(state.round_draws)}
 
     def body(carry):
         state, key, stats = carry
         key, key_step = jax.random.split(key)
         state, info = step(key_step, state)
-        stats = {"num_iterations": stats["num_iterations"] + 1,
+        stats = {"draws": stats["draws"].at[:, stats["num_iterations"]].set(state.position),
+                 "num_iterations": stats["num_iterations"] + 1,
                  "num_gradients": stats["num_gradients"] + info.num_gradient_evals,
                  "acceptance": stats["acceptance"] + jnp.nan_to_num(info.acceptance_rate),
                  "num_divergent": stats["num_divergent"] + info.is_divergent.astype(jnp.int32)}
