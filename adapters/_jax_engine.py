@@ -120,6 +120,13 @@ class EngineState(NamedTuple):
     mass_matrix_adaptation : MassMatrixAdaptationState (pooled Welford)
     adapt_probability : float, ()        p_i of the latest tuner update (1 before any)
     window : WindowStats                 per-chain log density / acceptance sums since the last chain check
+
+    Only with ``round_end_fn`` / ``super_transitions`` (``None`` otherwise):
+
+    round_draws : pytree, (C, M, ...)    positions of the current round (slot j = its j-th iteration)
+    round_iteration : int32, ()          iterations done in the current round
+    round_target : int32, ()             iterations of the current round (super-transitions)
+    round_end_state : pytree             the round-end hook's own state
     """
 
     position: Any
@@ -134,6 +141,10 @@ class EngineState(NamedTuple):
     mass_matrix_adaptation: Any
     adapt_probability: Any
     window: WindowStats
+    round_draws: Any = None
+    round_iteration: Any = None
+    round_target: Any = None
+    round_end_state: Any = None
 
 
 class EngineInfo(NamedTuple):
@@ -258,6 +269,11 @@ def build_engine(
     divergence_threshold: float = 1000.0,
     kernel: Callable | None = None,
     restart_lost_chains: bool = True,
+    initial_arm: tuple[float, int] | None = None,
+    chain_data: Any = None,
+    round_end_fn: Callable | None = None,
+    round_end_state: Any = None,
+    super_transitions: int | None = None,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
 
@@ -339,6 +355,26 @@ def build_engine(
         otherwise drags the pooled step size down by orders of magnitude and
         never mixes.  Warm-up only; at the end of warm-up a chain far below the
         others or stuck (acceptance rate below 0.05) gets a ``UserWarning`` either way.
+    initial_arm
+        ``(step_size, L)`` of the first round in a user box (default: the box's middle).
+    chain_data
+        Per-chain data, a pytree with a leading chain axis: chain ``c`` then targets
+        ``logdensity_fn(position, data_c)`` (e.g. cross-validation: each chain's training mask).
+    round_end_fn, round_end_state
+        A reward computed from the round's draws instead of ``objective``:
+        ``round_end_fn(draws, num_draws, hook_state) -> (reward, hook_state)``, called once per
+        round; ``draws`` has leading axes ``(C, M)`` (``M`` = ``round_length``, or
+        ``super_transitions``), of which the first ``num_draws`` (traced) are this round's
+        positions; ``reward`` is a scalar or one per chain ``(C,)``.  ``round_end_state`` is the
+        hook's initial state, kept in ``EngineState.round_end_state``.  The draw buffer exists
+        only when a hook is given.
+    super_transitions
+        Leapfrog budget ``B`` per chain and round (thesis 3.2, after Neal): a round with
+        maximum ``L`` makes ``2 B / (L + 1)`` transitions (the mean of ``L_t ~ U{1..L}`` is
+        ``(L + 1) / 2``; stochastic rounding makes the expected number of leapfrog steps
+        exactly ``B``) and ``L`` is capped at ``2 B - 1``, so every arm's reward is bought with
+        the same computation.  Pooled tuner only.  ``EngineInfo.round`` and ``is_warmup`` then
+        count rounds: warm-up is the first ``num_warmup // round_length`` GP rounds.
     """
     if not callable(logdensity_fn):
         raise ValueError("logdensity_fn must be callable: position -> scalar log density.")
@@ -362,6 +398,16 @@ def build_engine(
     if not 0.0 < target_acceptance_rate < 1.0:
         raise ValueError(f"target_acceptance_rate must be in (0, 1); got {target_acceptance_rate!r}.")
     objective_fn = get_objective(objective)
+    if super_transitions is not None and (
+            not isinstance(super_transitions, (int, np.integer)) or super_transitions < 1 or not pooled):
+        raise ValueError(
+            f"super_transitions must be None or a positive integer leapfrog budget per round (with "
+            f"pooled=True); got {super_transitions!r}.")
+    if round_end_fn is not None and not callable(round_end_fn):
+        raise ValueError("round_end_fn must be callable (draws, num_draws, hook_state) -> (reward, hook_state).")
+    if initial_arm is not None and step_size_bounds is None:
+        raise ValueError("initial_arm needs a user box: give step_size_bounds and num_steps_bounds too.")
+    user_initial_arm = initial_arm
 
     auto_box = step_size_bounds is None
     if auto_box:
@@ -382,9 +428,13 @@ def build_engine(
     else:
         eps_box = _pair("step_size_bounds", step_size_bounds, integer=False)
         l_box = _pair("num_steps_bounds", num_steps_bounds, integer=True)
+        if super_transitions and l_box[1] > 2 * super_transitions - 1:
+            raise ValueError(
+                f"num_steps_bounds upper {l_box[1]} exceeds 2 * super_transitions - 1 = "
+                f"{2 * super_transitions - 1}: one transition would overrun the round's budget; lower it.")
         space = search_space(eps_box, l_box, num_step_sizes=num_step_sizes, log_step_size=log_step_size)
         metric_phase = int(round(metric_fraction * num_warmup)) if adapt_mass_matrix else 0
-        initial_arm = None
+        initial_arm = user_initial_arm
         box0 = (eps_box, l_box)
     gp_warmup = max(num_warmup - metric_phase, 0)
     num_warmup_rounds = gp_warmup // round_length
@@ -449,6 +499,13 @@ def build_engine(
         dtype = s.inverse_mass_matrix.dtype
         out = mm_fix(mm_final_raw(s))
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, out)
+    data_args = () if chain_data is None else (chain_data,)
+    buffer_length = int(super_transitions) if super_transitions else int(round_length)
+
+    def logdensity_of(*data):
+        """The log density one chain targets (its own data, if any)."""
+        return logdensity_fn if not data else (lambda z: logdensity_fn(z, data[0]))
+
     unit_eps = jnp.asarray(space.step_size_unit)
     unit_l = jnp.asarray(space.num_steps_unit)
     num_l_grid = space.shape[1]
@@ -466,6 +523,14 @@ def build_engine(
         l_lo, l_hi = box.num_steps[0], box.num_steps[1]
         steps = jnp.round(l_lo + u_l * (l_hi - l_lo)).astype(jnp.int32)
         return eps, jnp.maximum(steps, 1)
+
+    def super_transition_length(tuner_state, box, key):
+        """Iterations of a round with leapfrog budget B: 2 B / (L + 1), stochastically rounded."""
+        _, num_steps = arm_parameters(tuner_state, box)
+        ratio = 2.0 * super_transitions / (num_steps + 1.0)
+        whole = jnp.floor(ratio)
+        up = jax.random.uniform(key, (), ratio.dtype) < ratio - whole
+        return jnp.clip(whole + up, 1, super_transitions).astype(jnp.int32)
 
     def warmup_num_steps(eps):
         steps = jnp.ceil(warmup_integration_time / eps)
@@ -486,7 +551,10 @@ def build_engine(
                 "positions must have a leading chain axis of the same size on every leaf "
                 "(for one chain: jax.tree.map(lambda x: x[None], position))."
             )
-        logdensity, grad = jax.vmap(jax.value_and_grad(logdensity_fn))(positions)
+        if chain_data is not None and any(np.ndim(x) < 1 or np.shape(x)[0] != num_chains
+                                          for x in jax.tree.leaves(chain_data)):
+            raise ValueError(f"chain_data must have a leading chain axis of size {num_chains} on every leaf.")
+        logdensity, grad = jax.vmap(jax.value_and_grad(logdensity_fn))(positions, *data_args)
         _check_finite(logdensity, grad)
         flat0, _ = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
         dim = flat0.shape[0]
@@ -510,7 +578,8 @@ def build_engine(
                                jax.tree.map(lambda x: x[0], grad))
 
             def kernel_generator(eps):
-                return lambda key, state: hmc_kernel(key, state, logdensity_fn, eps, imm, 1)
+                chain0 = logdensity_of(*jax.tree.map(lambda x: x[0], data_args))
+                return lambda key, state: hmc_kernel(key, state, chain0, eps, imm, 1)
 
             eps0 = find_reasonable_step_size(key, kernel_generator, ref, eps0, target_acceptance_rate)
         return EngineState(
@@ -519,7 +588,22 @@ def build_engine(
             inverse_mass_matrix=imm, box=box, step_size_adaptation=da_init(eps0),
             mass_matrix_adaptation=mm_init(dim, dtype), adapt_probability=jnp.asarray(1.0, dtype),
             window=window_init(num_chains, dtype),
+            **round_buffers(positions, tuner_state, box, rng_key),
         )
+
+    def round_buffers(positions, tuner_state, box, rng_key):
+        """Initial values of the optional round fields (hook buffer, round counters)."""
+        extra = {}
+        if round_end_fn is not None:
+            extra["round_draws"] = jax.tree.map(
+                lambda x: jnp.zeros((x.shape[0], buffer_length) + x.shape[1:], x.dtype), positions)
+            extra["round_end_state"] = round_end_state
+        if round_end_fn is not None or super_transitions:
+            extra["round_iteration"] = jnp.asarray(0, jnp.int32)
+        if super_transitions:
+            key = jax.random.fold_in(jax.random.key(0) if rng_key is None else rng_key, 7)
+            extra["round_target"] = super_transition_length(tuner_state, box, key)  # reset when the GP starts
+        return extra
 
     def step(rng_key, state: EngineState):
         num_chains = state.logdensity.shape[0]
@@ -541,16 +625,16 @@ def build_engine(
         max_steps = jnp.where(in_metric_phase, warmup_num_steps(warm_eps), arm_l)
 
         # One HMC transition per chain, L_t ~ U{1..L}.
-        def transition(key, position, logdensity, grad, eps_c, max_c):
+        def transition(key, position, logdensity, grad, eps_c, max_c, *data):
             key_l, key_k = jax.random.split(key)
             num = jax.random.randint(key_l, (), 1, max_c + 1)
-            new, info = hmc_kernel(key_k, hmc.HMCState(position, logdensity, grad), logdensity_fn,
+            new, info = hmc_kernel(key_k, hmc.HMCState(position, logdensity, grad), logdensity_of(*data),
                                    eps_c, state.inverse_mass_matrix, num)
             return new, info, num
 
         keys = jax.random.split(key_hmc, num_chains)
         new, hmc_info, num_taken = jax.vmap(transition)(
-            keys, state.position, state.logdensity, state.logdensity_grad, eps, max_steps)
+            keys, state.position, state.logdensity, state.logdensity_grad, eps, max_steps, *data_args)
 
         # Per-chain window sums for the chain checks and the end-of-warm-up warning.
         accept = jnp.nan_to_num(hmc_info.acceptance_rate, nan=0.0).astype(dtype)
@@ -610,6 +694,8 @@ def build_engine(
         eps_star = jnp.exp(da_state.log_step_size_avg).astype(dtype)
         if auto_box:
             l_hi = jnp.clip(jnp.ceil(max_integration_time / eps_star), 2, num_steps_cap).astype(jnp.int32)
+            if super_transitions:  # every arm must fit one transition in the budget
+                l_hi = jnp.minimum(l_hi, max(2, 2 * int(super_transitions) - 1))
             new_box = SearchBox(eps_star * jnp.asarray((lo_factor, hi_factor), dtype),
                                 jnp.stack([jnp.asarray(1, jnp.int32), l_hi]))
             box = jax.tree.map(lambda a, b: jnp.where(starts_gp, a, b), new_box, state.box)
@@ -626,10 +712,23 @@ def build_engine(
                              jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains)), stats)
         since_gp = it - metric_phase
         is_round_end = (~in_metric_phase) & ((since_gp + 1) % round_length == 0)
+        if super_transitions:
+            key_tuner, key_length = jax.random.split(key_tuner)
+            round_target = jnp.where(starts_gp, super_transition_length(state.tuner, box, key_length),
+                                     state.round_target)
+            is_round_end = (~in_metric_phase) & (state.round_iteration + 1 >= round_target)
+        if round_end_fn is not None:
+            slot = jnp.minimum(state.round_iteration, buffer_length - 1)
+            round_draws = jax.tree.map(lambda buf, x: buf.at[:, slot].set(x), state.round_draws, new.position)
 
         def end_round(operand):
-            tuner_state, stats, _ = operand
-            rewards = jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
+            tuner_state, stats, _, hook_state = operand
+            if round_end_fn is None:
+                rewards = jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
+            else:
+                rewards, hook_state = round_end_fn(round_draws, state.round_iteration + 1, hook_state)
+                rewards = jnp.asarray(rewards, dtype)
+                rewards = rewards if pooled else jnp.broadcast_to(rewards, (num_chains,))
             fresh = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
             if pooled:
                 reward = jnp.mean(rewards)
@@ -647,7 +746,7 @@ def build_engine(
                 last_round = tuner_state.round if pooled else tuner_state.round[0]
                 tuner_state = jax.lax.cond(last_round == num_warmup_rounds, exploit, lambda t: t, tuner_state)
                 changed = jnp.broadcast_to(tuner_state.arm != previous_arm, (num_chains,))
-            return tuner_state, fresh, (reward, changed, p.astype(dtype))
+            return tuner_state, fresh, (reward, changed, p.astype(dtype)), hook_state
 
         def exploit(tuner_state):
             """End of warm-up: move to the arm of highest posterior mean reward."""
@@ -656,12 +755,13 @@ def build_engine(
             return best(tuner_state) if pooled else jax.vmap(best)(tuner_state)
 
         def continue_round(operand):
-            tuner_state, stats, p = operand
+            tuner_state, stats, p, hook_state = operand
             nan = jnp.full((num_chains,), jnp.nan, dtype)
-            return tuner_state, stats, (nan, jnp.zeros((num_chains,), bool), p)
+            return tuner_state, stats, (nan, jnp.zeros((num_chains,), bool), p), hook_state
 
-        tuner_state, stats, (reward, changed, p) = jax.lax.cond(
-            is_round_end, end_round, continue_round, (state.tuner, stats, state.adapt_probability))
+        tuner_state, stats, (reward, changed, p), hook_state = jax.lax.cond(
+            is_round_end, end_round, continue_round,
+            (state.tuner, stats, state.adapt_probability, state.round_end_state))
 
         new_state = EngineState(
             position=new.position, logdensity=new.logdensity, logdensity_grad=new.logdensity_grad,
@@ -670,13 +770,25 @@ def build_engine(
             window=window,
         )
         round_index = jnp.where(in_metric_phase, 0, since_gp // round_length + 1).astype(jnp.int32)
+        is_warmup = it < num_warmup
+        if round_end_fn is not None or super_transitions:
+            new_state = new_state._replace(
+                round_iteration=jnp.where(is_round_end | in_metric_phase, 0, state.round_iteration + 1))
+        if round_end_fn is not None:
+            new_state = new_state._replace(round_draws=round_draws, round_end_state=hook_state)
+        if super_transitions:  # warm-up and round indices count rounds of varying length
+            key_next = jax.random.fold_in(key_tuner, 1)
+            new_state = new_state._replace(round_target=jnp.where(
+                is_round_end, super_transition_length(tuner_state, box, key_next), round_target))
+            round_index = jnp.where(in_metric_phase, 0, state.tuner.round + 1).astype(jnp.int32)
+            is_warmup = in_metric_phase | (state.tuner.round < num_warmup_rounds)
         info = EngineInfo(
             step_size=eps, num_steps=max_steps, num_integration_steps=num_taken.astype(jnp.int32),
             acceptance_rate=hmc_info.acceptance_rate, is_accepted=hmc_info.is_accepted,
             is_divergent=hmc_info.is_divergent, energy=hmc_info.energy, logdensity=new.logdensity,
             reward=reward, round=jnp.broadcast_to(round_index, (num_chains,)), arm_changed=changed,
             adapt_probability=jnp.broadcast_to(p, (num_chains,)),
-            is_warmup=jnp.broadcast_to(it < num_warmup, (num_chains,)),
+            is_warmup=jnp.broadcast_to(is_warmup, (num_chains,)),
             fixed_point_converged=getattr(hmc_info, "fixed_point_converged", jnp.ones((num_chains,), bool)),
             num_gradient_evals=getattr(hmc_info, "num_gradient_evals", num_taken).astype(jnp.int32),
             restarted=lost,

@@ -40,6 +40,14 @@ each transition draws its number of leapfrog steps uniformly from ``{1..L}``.
 The remaining warm-up and all of sampling are rounds; the adaptation
 probability is 1 during warm-up and decays as ``(i - k + 1)^(-1/2)`` after it.
 
+Engine.  The GP rounds run on the shared JAX engine
+(:func:`ahmc.adapters._jax_engine.build_engine`), not a driver of their own:
+the folds' training masks are its ``chain_data``, :func:`predictive_reward`
+is its round-end hook (it sees a buffer of the round's positions) and
+``super_transitions`` its option of the same name.  Each fold runs in its own
+whitened coordinates ``z = x / (eps*_c sqrt(imm_c))``, so the engine's step
+size *is* the shared factor ``f`` and its unit mass matrix the fold's own.
+
 Super-transitions (thesis section 3.2, after Neal).  With
 ``super_transitions=B`` every round spends the same leapfrog budget instead of
 the same number of iterations: a round with maximum ``L`` makes
@@ -52,6 +60,7 @@ large ``L`` are not favoured merely for spending more computation per round.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -60,11 +69,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import blackjax
-import blackjax.mcmc.hmc as hmc
-import blackjax.mcmc.integrators as integrators
 from blackjax.adaptation.base import get_filter_adapt_info_fn
 
-from ahmc.core import gp_ucb, search_space
+from ._jax_engine import build_engine
 
 __all__ = [
     "LOSSES",
@@ -75,6 +82,8 @@ __all__ = [
     "fold_masks",
     "predictive_loss",
     "reward_from_loss",
+    "predictive_reward",
+    "PredictiveHookState",
     "CrossValidationRun",
     "run_cross_validation",
 ]
@@ -175,10 +184,58 @@ class CrossValidationRun(NamedTuple):
     tuner: Any
 
 
-class _Carry(NamedTuple):
-    position: Any  # (C, D)
-    logdensity: Any  # (C,)
-    grad: Any  # (C, D)
+class PredictiveHookState(NamedTuple):
+    """State of :func:`predictive_reward`'s round-end hook (lives in ``EngineState.round_end_state``).
+
+    reference_loss : float, ()   the first positive round loss (NaN before it)
+    fold_losses : float, (C,)    the latest round's held-out loss of every fold
+    reward : float, ()           the latest reward
+    """
+
+    reference_loss: Any
+    fold_losses: Any
+    reward: Any
+
+
+def predictive_reward(predict_fn, loss, y, held_out, to_position=None, dtype=jnp.float32):
+    """The engine's round-end hook for a cross-validation reward: ``(round_end_fn, round_end_state)``.
+
+    At a round's end, every chain ``c`` predicts the training cases from each of the round's
+    draws (``predict_fn``, after ``to_position(draw, c)`` maps the engine's coordinates back),
+    the predictions are averaged over those draws only, and the loss is taken on chain ``c``'s
+    held-out cases (``held_out[c]``).  The round's loss ``L`` is the mean over folds and the
+    reward :func:`reward_from_loss` of it, one scalar for the pooled tuner.  Predictions are
+    made for the round's ``num_draws`` draws only (a ``fori_loop`` with a traced bound).
+    """
+    loss_fn = get_loss(loss)
+    y = jnp.asarray(y)
+    case_weights = jnp.asarray(held_out, dtype)
+    num_chains = case_weights.shape[0]
+    to_position = to_position or (lambda draws, chain: draws)
+    chains = jnp.arange(num_chains)
+
+    def round_end_fn(draws, num_draws, hook: PredictiveHookState):
+        def predict(i):
+            x = jax.vmap(to_position)(jax.tree.map(lambda d: d[:, i], draws), chains)
+            return jax.vmap(predict_fn)(x)
+
+        mean0, logp0 = jax.eval_shape(predict, 0)
+        acc0 = (jnp.zeros(mean0.shape, mean0.dtype), jnp.full(logp0.shape, -jnp.inf, logp0.dtype))
+
+        def add(i, acc):
+            mean, logp = predict(i)
+            return acc[0] + mean, jnp.logaddexp(acc[1], logp)
+
+        mean_sum, logp_sum = jax.lax.fori_loop(0, num_draws, add, acc0)
+        fold_losses = jax.vmap(lambda m, lp, w: predictive_loss(loss_fn, m, lp, num_draws, y, w))(
+            mean_sum, logp_sum, case_weights).astype(dtype)
+        round_loss = jnp.mean(fold_losses)
+        reference = jnp.where(jnp.isnan(hook.reference_loss) & (round_loss > 0), round_loss, hook.reference_loss)
+        reward = jnp.where(jnp.isnan(reference), 2.0, 2.0 * reference / (reference + round_loss)).astype(dtype)
+        return reward, PredictiveHookState(reference, fold_losses, reward)
+
+    nan = jnp.asarray(jnp.nan, dtype)
+    return round_end_fn, PredictiveHookState(nan, jnp.zeros((num_chains,), dtype), nan)
 
 
 def run_cross_validation(
@@ -211,6 +268,11 @@ def run_cross_validation(
 ) -> CrossValidationRun:
     """Run n-fold cross-validated adaptive HMC (one chain per fold, one shared tuner).
 
+    A thin wrapper of the JAX engine (:func:`ahmc.adapters._jax_engine.build_engine`):
+    per-fold window adaptation, then the engine with the folds' training masks as
+    ``chain_data``, :func:`predictive_reward` as its round-end hook and, optionally,
+    ``super_transitions``; one jitted call per round.
+
     Parameters
     ----------
     logdensity_fn, predict_fn
@@ -239,7 +301,7 @@ def run_cross_validation(
     keep_warmup
         Also return the GP-warm-up draws (prepended to ``positions``).
     """
-    loss_fn = get_loss(loss)
+    get_loss(loss)
     held_out = np.asarray(held_out, bool)
     x0 = jnp.asarray(initial_positions)
     if held_out.ndim != 2:
@@ -265,13 +327,12 @@ def run_cross_validation(
     if not 0 < lo_f <= 1.0 <= hi_f:
         raise ValueError(f"step_size_factors must satisfy 0 < lower <= 1 <= upper; got {step_size_factors!r}.")
 
-    train_masks = jnp.asarray(~held_out, x0.dtype)
-    case_weights = jnp.asarray(held_out, x0.dtype)
-    y = jnp.asarray(y)
+    dtype = x0.dtype
+    train_masks = jnp.asarray(~held_out, dtype)
     metric_steps = max(1, int(round(metric_fraction * num_warmup)))
     num_warmup_rounds = max(1, math.ceil((num_warmup - metric_steps) / round_length))
     num_sampling_rounds = math.ceil(num_samples / round_length)
-    key_warm, key_rounds = jax.random.split(rng_key)
+    key_warm, key_init, key_rounds = jax.random.split(rng_key, 3)
 
     # 1. Metric phase: Stan-style window adaptation (BlackJAX, NUTS) on every fold.
     positions, eps_star, imm, warm_grads = _window_adaptation(
@@ -281,56 +342,50 @@ def run_cross_validation(
     l_hi = int(min(max(math.ceil(max_integration_time / eps_ref), 2), num_steps_cap))
     if super_transitions is not None:
         l_hi = max(2, min(l_hi, 2 * int(super_transitions) - 1))  # every arm fits one transition
-    space = search_space((lo_f, hi_f), (1, l_hi), num_step_sizes=num_step_sizes, log_step_size=True)
-    tuner = gp_ucb(space, initial_arm=(1.0, max(1, math.ceil(1.5 / eps_ref))), capacity=capacity,
-                   lengthscale=lengthscale, noise_variance=noise_variance, alpha=alpha, delta=delta,
-                   k=num_warmup_rounds)
-    dtype = x0.dtype
-    tuner_state = tuner.init(xp=jnp, dtype=dtype)
-    update = jax.jit(tuner.update)
-    best_arm = jax.jit(lambda t: t._replace(arm=jnp.argmax(tuner.surrogate(t).mean.reshape(-1)).astype(jnp.int32)))
 
-    # 2. GP rounds: the same arm for all folds, reward = -mean held-out loss of the round's draws.
-    max_iterations = round_length if super_transitions is None else int(super_transitions)
-    round_fn = _build_round(logdensity_fn, predict_fn, loss_fn, y, train_masks, case_weights,
-                            max_iterations, divergence_threshold)
-    ld, grad = jax.vmap(lambda x, m: jax.value_and_grad(logdensity_fn)(x, m))(positions, train_masks)
-    carry = _Carry(positions, ld, grad)
-    eps_star_j = jnp.asarray(eps_star, dtype)
-    imm_j = jnp.asarray(imm, dtype)
-    rows, kept, reference_loss = [], [], None
-    total_rounds = num_warmup_rounds + num_sampling_rounds
-    keys = jax.random.split(key_rounds, total_rounds)
-    for r in range(total_rounds):
+    # 2. GP rounds on the engine.  Each fold runs in its own whitened coordinates
+    # z = x / (eps*_c sqrt(imm_c)): HMC on z with unit mass and step size f is HMC on x with
+    # step size f eps*_c and the fold's mass matrix, so the engine's shared arm (f, L) in the
+    # box f in step_size_factors is the shared step-size *factor* of every fold.
+    scales = jnp.asarray(eps_star, dtype)[:, None] * jnp.sqrt(jnp.asarray(imm, dtype))
+
+    def whitened_logdensity(z, data):
+        mask, scale = data
+        return logdensity_fn(scale * z, mask)
+
+    def to_position(z, chain):
+        return scales[chain] * z
+
+    hook, hook_state = predictive_reward(predict_fn, loss, y, held_out, to_position, dtype)
+    engine = build_engine(
+        whitened_logdensity, num_warmup=num_warmup_rounds * round_length, step_size_bounds=(lo_f, hi_f),
+        num_steps_bounds=(1, l_hi), adapt_mass_matrix=False, round_length=round_length,
+        num_step_sizes=num_step_sizes, log_step_size=True, initial_arm=(1.0, max(1, math.ceil(1.5 / eps_ref))),
+        capacity=capacity, lengthscale=lengthscale, noise_variance=noise_variance, alpha=alpha, delta=delta,
+        divergence_threshold=divergence_threshold, chain_data=(train_masks, scales), round_end_fn=hook,
+        round_end_state=hook_state, super_transitions=super_transitions)
+    state = engine.init(positions / scales, key_init)
+    run_round = jax.jit(functools.partial(_run_round, engine.step))
+    parameters = jax.jit(engine.parameters)
+    rows, kept = [], []
+    for r, key in enumerate(jax.random.split(key_rounds, num_warmup_rounds + num_sampling_rounds)):
         is_warmup = r < num_warmup_rounds
-        factor, num_steps = (float(v) for v in tuner.arm(tuner_state))
-        num_steps = int(num_steps)
-        key_round, key_tuner = jax.random.split(keys[r])
-        if super_transitions is None:
-            num_iterations = round_length
-        else:
-            num_iterations = _super_transition_length(super_transitions, num_steps, key_tuner)
-        carry, draws, fold_losses, stats = round_fn(
-            key_round, carry, factor * eps_star_j, jnp.asarray(num_steps, jnp.int32),
-            jnp.asarray(num_iterations, jnp.int32), imm_j)
-        fold_losses = np.asarray(fold_losses)
-        loss_value = float(np.mean(fold_losses))
-        if reference_loss is None and loss_value > 0:
-            reference_loss = loss_value
-        reward = reward_from_loss(loss_value, reference_loss)
-        previous_arm = int(tuner_state.arm)
-        tuner_state, _ = update(tuner_state, jnp.asarray(reward, dtype),
-                                jax.random.uniform(key_tuner, (), dtype), float(num_chains))
-        if r == num_warmup_rounds - 1:
-            tuner_state = best_arm(tuner_state)  # sampling starts from the best guess
+        arm = parameters(state)
+        factor, num_steps = float(arm["step_size"]), int(arm["num_integration_steps"])
+        previous_arm = int(state.tuner.arm)
+        state, stats = run_round(state, key)
+        num_iterations = int(stats["num_iterations"])
         if keep_warmup or not is_warmup:
-            kept.append(np.asarray(draws)[:num_iterations])
+            draws = np.asarray(stats["draws"][:, :num_iterations] * scales[:, None])
+            kept.append(np.swapaxes(draws, 0, 1))
+        hook_out = state.round_end_state
+        fold_losses = np.asarray(hook_out.fold_losses)
         rows.append(dict(step_size_factor=factor, num_steps=num_steps, num_iterations=num_iterations,
-                         loss=loss_value, reward=reward, fold_losses=fold_losses,
+                         loss=float(np.mean(fold_losses)), reward=float(hook_out.reward), fold_losses=fold_losses,
                          num_gradients=float(np.mean(np.asarray(stats["num_gradients"]))),
                          acceptance_rate=float(np.mean(np.asarray(stats["acceptance"]))) / num_iterations,
                          num_divergent=int(np.sum(np.asarray(stats["num_divergent"]))),
-                         is_warmup=is_warmup, arm_changed=int(tuner_state.arm) != previous_arm))
+                         is_warmup=is_warmup, arm_changed=int(state.tuner.arm) != previous_arm))
     history = {name: np.asarray([row[name] for row in rows]) for name in rows[0]}
     positions_out = np.swapaxes(np.concatenate(kept, axis=0), 0, 1)
     gp_grads = history["num_gradients"]
@@ -340,8 +395,34 @@ def run_cross_validation(
         num_gradients={"metric_phase": float(np.mean(warm_grads)),
                        "gp_warmup": float(np.sum(gp_grads[history["is_warmup"]])),
                        "sampling": float(np.sum(gp_grads[~history["is_warmup"]]))},
-        tuner_state=tuner_state, tuner=tuner,
+        tuner_state=state.tuner, tuner=engine.tuner,
     )
+
+
+def _run_round(step, state, rng_key):
+    """Engine iterations until the tuner has taken this round's reward: the state, per-chain sums
+    of the round and its draws (recorded here, apart from the hook's buffer, so tests can check one
+    against the other)."""
+    first_round = state.tuner.round
+    num_chains = state.logdensity.shape[0]
+    stats0 = {"num_iterations": jnp.asarray(0, jnp.int32), "num_gradients": jnp.zeros((num_chains,), jnp.int32),
+              "acceptance": jnp.zeros((num_chains,), state.logdensity.dtype),
+              "num_divergent": jnp.zeros((num_chains,), jnp.int32), "draws": jnp.zeros_like(state.round_draws)}
+
+    def body(carry):
+        state, key, stats = carry
+        key, key_step = jax.random.split(key)
+        state, info = step(key_step, state)
+        stats = {"draws": stats["draws"].at[:, stats["num_iterations"]].set(state.position),
+                 "num_iterations": stats["num_iterations"] + 1,
+                 "num_gradients": stats["num_gradients"] + info.num_gradient_evals,
+                 "acceptance": stats["acceptance"] + jnp.nan_to_num(info.acceptance_rate),
+                 "num_divergent": stats["num_divergent"] + info.is_divergent.astype(jnp.int32)}
+        return state, key, stats
+
+    state, _, stats = jax.lax.while_loop(lambda c: c[0].tuner.round == first_round, body,
+                                         (state, rng_key, stats0))
+    return state, stats
 
 
 def reward_from_loss(loss, reference_loss):
@@ -357,19 +438,6 @@ def reward_from_loss(loss, reference_loss):
     if reference_loss is None:  # every round so far had zero loss
         return 2.0
     return 2.0 * reference_loss / (reference_loss + loss)
-
-
-def _super_transition_length(budget, num_steps, rng_key):
-    """Iterations of a round with leapfrog ``budget``: ``2 B / (L + 1)`` with stochastic rounding.
-
-    ``L_t ~ U{1..L}`` has mean ``(L + 1) / 2``; rounding up with probability equal to the
-    fractional part makes the expected number of leapfrog steps of the round exactly ``B``
-    (``L <= 2 B - 1`` keeps the ratio >= 1).
-    """
-    ratio = 2.0 * budget / (num_steps + 1)
-    whole = math.floor(ratio)
-    up = float(jax.random.uniform(jax.random.fold_in(rng_key, 1))) < ratio - whole
-    return int(min(max(whole + up, 1), budget))
 
 
 def _check_finite_warmup(eps_star):
@@ -395,57 +463,3 @@ def _window_adaptation(rng_key, logdensity_fn, x0, train_masks, num_steps, targe
 
     keys = jax.random.split(rng_key, x0.shape[0])
     return jax.jit(jax.vmap(one))(keys, x0, train_masks)
-
-
-def _build_round(logdensity_fn, predict_fn, loss_fn, y, train_masks, case_weights, max_iterations,
-                 divergence_threshold):
-    """One jitted round: up to ``max_iterations`` HMC transitions per chain, then each fold's loss.
-
-    The number of iterations is a traced argument (iterations past it are skipped by a
-    ``lax.cond`` on the shared counter), so arms with different round lengths reuse one
-    compiled program.  Predictions are accumulated after every transition, so the
-    round's loss uses exactly this round's draws.
-    """
-    kernel = hmc.build_kernel(integrators.velocity_verlet, divergence_threshold)
-
-    def transition(key, x, ld, grad, mask, eps, imm, max_steps):
-        key_l, key_k = jax.random.split(key)
-        num = jax.random.randint(key_l, (), 1, max_steps + 1)
-        state, info = kernel(key_k, hmc.HMCState(x, ld, grad), lambda z: logdensity_fn(z, mask), eps, imm, num)
-        return state, info, num
-
-    def run(key, carry: _Carry, eps, max_steps, num_iterations, imm):
-        num_chains = carry.position.shape[0]
-        mean0, logp0 = jax.vmap(predict_fn)(carry.position)
-        acc0 = (jnp.zeros_like(mean0), jnp.full_like(logp0, -jnp.inf))
-        zeros_f = jnp.zeros((num_chains,), carry.logdensity.dtype)
-        zeros_i = jnp.zeros((num_chains,), jnp.int32)
-        stats0 = {"num_gradients": zeros_i, "acceptance": zeros_f, "num_divergent": zeros_i}
-
-        def move(operand):
-            key, carry, acc, stats = operand
-            keys = jax.random.split(key, num_chains)
-            state, info, num = jax.vmap(transition, in_axes=(0, 0, 0, 0, 0, 0, 0, None))(
-                keys, carry.position, carry.logdensity, carry.grad, train_masks, eps, imm, max_steps)
-            mean, logp = jax.vmap(predict_fn)(state.position)
-            acc = (acc[0] + mean, jnp.logaddexp(acc[1], logp))
-            stats = {"num_gradients": stats["num_gradients"] + num,
-                     "acceptance": stats["acceptance"] + jnp.nan_to_num(info.acceptance_rate),
-                     "num_divergent": stats["num_divergent"] + info.is_divergent.astype(jnp.int32)}
-            return _Carry(state.position, state.logdensity, state.logdensity_grad), acc, stats
-
-        def body(loop, inputs):
-            i, key = inputs
-            carry, acc, stats = loop
-            carry, acc, stats = jax.lax.cond(i < num_iterations, move, lambda op: op[1:],
-                                             (key, carry, acc, stats))
-            return (carry, acc, stats), carry.position
-
-        keys = jax.random.split(key, max_iterations)
-        (carry, acc, stats), draws = jax.lax.scan(body, (carry, acc0, stats0),
-                                                  (jnp.arange(max_iterations), keys))
-        fold_losses = jax.vmap(lambda m, lp, w: predictive_loss(loss_fn, m, lp, num_iterations, y, w))(
-            acc[0], acc[1], case_weights)
-        return carry, draws, fold_losses, stats
-
-    return jax.jit(run)

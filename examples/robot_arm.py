@@ -25,6 +25,7 @@ from ahmc.adapters.bnn import make_bnn
 from ahmc.adapters.numpyro_predictive import cross_validate, nuts_at_budget, predictive_average
 
 FULL = dict(hidden=16, num_folds=8, num_warmup=1000, num_samples=4000, max_tree_depth=10)
+BOX = ("step_size_factors", "num_steps_cap", "max_integration_time")  # optional search-box overrides
 QUICK = dict(hidden=4, num_folds=3, num_warmup=100, num_samples=60, max_tree_depth=6)
 
 
@@ -55,7 +56,8 @@ def main(quick=False, seed=0, output=None, super_transitions=None, **overrides):
     start = time.perf_counter()
     cv = cross_validate(model, Xs, ys, rng_key=key_ahmc, num_folds=settings["num_folds"], loss="mse",
                         num_warmup=settings["num_warmup"], num_samples=settings["num_samples"],
-                        super_transitions=super_transitions, max_tree_depth=settings["max_tree_depth"])
+                        super_transitions=super_transitions, max_tree_depth=settings["max_tree_depth"],
+                        **{k: settings[k] for k in BOX if k in settings})
     ahmc_seconds = time.perf_counter() - start
     fold_means, _ = cv.predict(Xs_test)
     fold_means = np.asarray(fold_means) * sy + my
@@ -125,8 +127,11 @@ if __name__ == "__main__":
     parser.add_argument("--super-transitions", type=int, default=None)
     parser.add_argument("--num-warmup", type=int, default=None)
     parser.add_argument("--num-samples", type=int, default=None)
+    parser.add_argument("--step-size-factors", type=float, nargs=2, default=None)
+    parser.add_argument("--num-steps-cap", type=int, default=None)
+    parser.add_argument("--max-integration-time", type=float, default=None)
     parser.add_argument("--output", default=None, help="results path without suffix (writes .json and .md)")
     args = parser.parse_args()
-    overrides = {name: value for name, value in (("num_warmup", args.num_warmup), ("num_samples", args.num_samples))
-                 if value is not None}
+    overrides = {name: getattr(args, name) for name in ("num_warmup", "num_samples") + BOX
+                 if getattr(args, name) is not None}
     main(quick=args.quick, seed=args.seed, output=args.output, super_transitions=args.super_transitions, **overrides)

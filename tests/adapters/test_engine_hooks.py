@@ -1,0 +1,85 @@
+"""The JAX engine's options for predictive adaptation: per-chain data, the round-end reward hook
+(it must see exactly the round's draws) and super-transitions (rounds of 2B/(L+1) iterations)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ahmc.adapters._jax_engine import _scan, build_engine
+
+from ..reference import assert_moments_match
+
+MEANS = np.array([[-3.0, 0.0, 2.0], [4.0, 1.0, -1.0]], np.float32)  # chain c targets N(MEANS[c], SDS^2)
+SDS = np.array([1.0, 0.5, 2.0], np.float32)
+
+
+def shifted_gaussian(x, mean):
+    return -0.5 * jnp.sum(((x - mean) / SDS) ** 2)
+
+
+MAX_ROUNDS = 4100
+
+
+def recording_hook(draws, num_draws, hook):
+    """Reward: the squared jumps between the round's consecutive draws, summed (chain mean) --
+    per round of a fixed leapfrog budget with super-transitions.  Records what it saw."""
+    count, sums, nums = hook
+    slots = jnp.arange(draws.shape[1])
+    total = jnp.sum(jnp.where((slots < num_draws)[None, :, None], draws, 0.0), axis=1)  # (C, D)
+    jumps = jnp.sum(jnp.diff(draws, axis=1) ** 2, axis=2)  # (C, M - 1)
+    reward = jnp.mean(jnp.sum(jnp.where(slots[1:] < num_draws, jumps, 0.0), axis=1))
+    return reward, (count + 1, sums.at[count].set(total), nums.at[count].set(num_draws))
+
+
+@pytest.mark.parametrize("super_transitions", [None, 30])
+def test_round_end_hook_sees_exactly_the_rounds_draws(super_transitions):
+    """Also: with chain_data every chain samples its own target (moments after warm-up)."""
+    hook0 = (jnp.asarray(0), jnp.zeros((MAX_ROUNDS, 2, 3)), jnp.zeros(MAX_ROUNDS, jnp.int32))
+    engine = build_engine(shifted_gaussian, num_warmup=100, chain_data=jnp.asarray(MEANS), round_length=10,
+                          round_end_fn=recording_hook, round_end_state=hook0, super_transitions=super_transitions)
+    state = engine.init(jnp.zeros((2, 3)), jax.random.key(1))
+    num_iterations = 4100
+    state, (positions, info) = _scan(engine.step, jax.random.key(2), state, num_iterations, True)
+    positions, reward = np.asarray(positions), np.asarray(info.reward[:, 0])  # (T, C, D), (T,)
+    count, sums, nums = (np.asarray(v) for v in state.round_end_state)
+    ends = np.flatnonzero(np.isfinite(reward))
+    starts = np.concatenate([[engine.config.metric_phase_length], ends[:-1] + 1])
+    assert count == len(ends) > 10
+    for r, (start, end) in enumerate(zip(starts, ends)):
+        assert nums[r] == end - start + 1
+        np.testing.assert_allclose(sums[r], positions[start:end + 1].sum(axis=0), rtol=1e-5, atol=1e-4)
+        expected = np.mean(np.sum(np.diff(positions[start:end + 1], axis=0) ** 2, axis=(0, 2)))
+        np.testing.assert_allclose(reward[end], expected, rtol=1e-5)
+    for c in range(2):
+        draws = positions[100:, c].reshape(2, -1, 3)  # halves of the chain, for R-hat
+        assert_moments_match(draws, MEANS[c], SDS, min_ess=150)
+    if super_transitions is None:
+        assert np.all(nums[:count] == 10)
+    else:  # the round's length is set by its arm: 2B/(L+1) rounded up or down
+        num_steps = np.asarray(info.num_steps[ends, 0])
+        ratio = 2.0 * super_transitions / (num_steps + 1)
+        assert np.all((nums[:count] == np.floor(ratio)) | (nums[:count] == np.ceil(ratio)))
+        assert np.all(num_steps <= 2 * super_transitions - 1)
+        assert len(set(num_steps.tolist())) > 1  # several arms, so several round lengths were tested
+
+
+def test_hook_options_check_their_input():
+    hook0 = (jnp.asarray(0),)
+    with pytest.raises(ValueError, match="super_transitions"):
+        build_engine(shifted_gaussian, num_warmup=100, super_transitions=0)
+    with pytest.raises(ValueError, match="super_transitions"):
+        build_engine(shifted_gaussian, num_warmup=100, super_transitions=20, pooled=False)
+    with pytest.raises(ValueError, match="num_steps_bounds upper 100 exceeds"):
+        build_engine(shifted_gaussian, num_warmup=100, step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 100),
+                     super_transitions=20)
+    with pytest.raises(ValueError, match="round_end_fn must be callable"):
+        build_engine(shifted_gaussian, num_warmup=100, round_end_fn=1, round_end_state=hook0)
+    with pytest.raises(ValueError, match="initial_arm needs a user box"):
+        build_engine(shifted_gaussian, num_warmup=100, initial_arm=(0.5, 3))
+    engine = build_engine(shifted_gaussian, num_warmup=100, chain_data=jnp.asarray(MEANS[:1]))
+    with pytest.raises(ValueError, match="chain_data must have a leading chain axis of size 2"):
+        engine.init(jnp.zeros((2, 3)))
+    assert math.isfinite(float(engine.init(jnp.zeros((1, 3))).logdensity[0]))
