@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -355,6 +356,9 @@ def build_engine(
         otherwise drags the pooled step size down by orders of magnitude and
         never mixes.  Warm-up only; at the end of warm-up a chain far below the
         others or stuck (acceptance rate below 0.05) gets a ``UserWarning`` either way.
+        With ``chain_data`` the chains target different densities, so their log
+        densities are not compared: no restart and no "far below" warning (the
+        stuck-chain warning stays).
     initial_arm
         ``(step_size, L)`` of the first round in a user box (default: the box's middle).
     chain_data
@@ -450,6 +454,7 @@ def build_engine(
         noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, k=k_value,
         decay=decay, freeze_after=freeze_rounds,
     )
+    compare_chains = chain_data is None  # per-chain targets have incomparable log densities
     config = EngineConfig(
         num_warmup=int(num_warmup), metric_phase_length=metric_phase, round_length=int(round_length),
         num_warmup_rounds=num_warmup_rounds, k=k_value, pooled=bool(pooled),
@@ -652,7 +657,7 @@ def build_engine(
 
         # Chain check: a chain far below the others restarts from a healthy chain's position.
         is_check_now = in_metric_phase & is_check[phase_it]
-        if restart_lost_chains and num_chains >= 3:
+        if compare_chains and restart_lost_chains and num_chains >= 3:
             far = far_below(window)  # at most half the chains (median): donors always exist
             lost = lost_chains(window, ld) & is_check_now
             donors = jax.random.categorical(key_restart, jnp.where(far, -jnp.inf, 0.0), shape=(num_chains,))
@@ -668,7 +673,8 @@ def build_engine(
             lost = jnp.zeros((num_chains,), bool)
         warmup_ends = it == num_warmup - 1
         if num_warmup > 0:
-            jax.lax.cond(warmup_ends, _warn_if_lost, lambda operand: None, (window, ld))
+            jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains),
+                         lambda operand: None, (window, ld))
         window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
                               window_init(num_chains, dtype), window)
         slow_now = in_metric_phase & is_slow[phase_it]
@@ -871,12 +877,12 @@ def lost_chains(window: WindowStats, logdensity=None):
     return far_below(window, logdensity) & ~climbing(window)
 
 
-def _warn_if_lost(operand):
+def _warn_if_lost(operand, compare_chains=True):
     """End of warm-up: warn (host callback) about chains far below the others, or stuck, over the last window."""
     window, logdensity = operand
     count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
-    jax.debug.callback(_warn_host, far_below(window, logdensity), window.acceptance / count,
-                       window.logdensity / count)
+    lost = far_below(window, logdensity) if compare_chains else jnp.zeros(window.logdensity.shape, bool)
+    jax.debug.callback(_warn_host, lost, window.acceptance / count, window.logdensity / count)
 
 
 def _warn_host(lost, acceptance, mean_logdensity):
