@@ -199,14 +199,13 @@ def funnel_truth_z(features: np.ndarray) -> dict[str, float]:
     MCSE = sd / sqrt(bulk ESS); for Var(v) the MCSE uses sqrt(2) sd^2 (v is normal).
     A sampler that has not explored the neck shows up here even when its ESS looks fine.
     """
-    from .metrics import bulk_ess
+    from .metrics import _max_abs_z
 
     means = np.array([0.0] + [FUNNEL_LOG_ABS_MEAN] * (features.shape[-1] - 1))
     sds = np.sqrt(np.array([9.0] + [FUNNEL_LOG_ABS_VAR] * (features.shape[-1] - 1)))
-    z_mean = (features.mean(axis=(0, 1)) - means) / (sds / np.sqrt(bulk_ess(features)))
-    squares = (features[..., :1] - 0.0) ** 2
-    z_var_v = (squares.mean() - 9.0) / (math.sqrt(2.0) * 9.0 / np.sqrt(bulk_ess(squares)[0]))
-    return {"max_abs_z_mean": float(np.max(np.abs(z_mean))), "abs_z_var_v": float(abs(z_var_v))}
+    z_mean, _ = _max_abs_z(features, means, sds)  # its variance z assumes normality: only v's is used
+    _, z_var_v = _max_abs_z(features[..., :1], means[:1], sds[:1])
+    return {"max_abs_z_mean": z_mean, "abs_z_var_v": z_var_v}
 
 
 def run(args) -> dict[str, Any]:
