@@ -739,7 +739,7 @@ def build_engine(
             if pooled:
                 reward = jnp.mean(rewards)
                 uniform = jax.random.uniform(key_tuner, (), dtype)
-                tuner_state, tinfo = tuner.update(tuner_state, reward, uniform, num_chains * 1.0)
+                tuner_state, tinfo = tuner.update(tuner_state, reward, uniform, num_chains * 1.0, cond=jax.lax.cond)
                 changed = jnp.broadcast_to(tinfo.arm_changed, (num_chains,))
                 reward = jnp.broadcast_to(reward, (num_chains,))
                 p = tinfo.adapt_probability

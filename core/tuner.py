@@ -265,7 +265,7 @@ def gp_ucb(
             freeze_round=xp.asarray(freeze_round, dtype=xp.int32),
         )
 
-    def update(state: TunerState, reward, uniform, weight=1.0, *, lazy: bool = False):
+    def update(state: TunerState, reward, uniform, weight=1.0, *, lazy: bool = False, cond=None):
         """Score the current arm with ``reward`` and pick the next arm.
 
         ``lazy=True`` (eager NumPy only; ignored by other array namespaces)
@@ -279,6 +279,12 @@ def gp_ucb(
         again (``surrogate(state).sd`` then shows the variance at the freeze).
         An adapter in a Python loop saves most of the update's cost once
         ``p_i`` is small, and nearly all of it for a fixed arm.
+
+        ``cond`` (a ``jax.lax.cond``-like ``cond(pred, true_fn, false_fn,
+        operand)``) gives traced code the same two skips, the eviction
+        downdate and the acquisition (``info.proposed_arm`` -1 when skipped);
+        the new state is identical.  The core takes it as an argument so that
+        it never imports a framework.
         """
         xp = _namespace(state.grid_variance)
         if lazy and xp.__name__.split(".")[0] == "numpy":
@@ -317,11 +323,18 @@ def gp_ucb(
         in_slot = slots == slot
 
         # Forget the evicted arm exactly: v += c^2 / (noise / count - v(x)).
-        cov_old, var_old = gp.posterior_covariance_column(buffer, kernel, noise_variance, buffer.arm[slot], xp, dtype)
-        old_noise = noise_variance / xp.maximum(buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
-        tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
-        downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
-        variance = state.grid_variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
+        def forget(variance):
+            cov_old, var_old = gp.posterior_covariance_column(
+                buffer, kernel, noise_variance, buffer.arm[slot], xp, dtype)
+            old_noise = noise_variance / xp.maximum(buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
+            tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
+            downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
+            return variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
+
+        if cond is None:
+            variance = forget(state.grid_variance)
+        else:
+            variance = cond(is_evicting, forget, lambda v: v, state.grid_variance)
         kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.count), buffer.count)
         mean_kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.mean_reward), buffer.mean_reward)
         buffer = gp.ArmBuffer(
@@ -348,8 +361,16 @@ def gp_ucb(
         p = xp.asarray(p, dtype=dtype)
         beta = xp.asarray(ucb_beta(i, delta=delta, xp=xp), dtype=dtype)
         is_adapting = (xp.asarray(uniform, dtype=dtype) < p) & (i < state.freeze_round)
-        acquisition = _acquisition(buffer, variance, scale, p, beta, xp, dtype)
-        proposed = xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
+
+        def propose(operand):
+            acquisition = _acquisition(*operand, xp, dtype)
+            return xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
+
+        operand = (buffer, variance, scale, p, beta)
+        if cond is None:
+            proposed = propose(operand)
+        else:
+            proposed = cond(is_adapting, propose, lambda _: xp.asarray(-1, dtype=xp.int32), operand)
         next_arm = xp.where(is_adapting, proposed, state.arm).astype(xp.int32)
 
         new_state = TunerState(

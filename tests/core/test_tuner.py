@@ -194,6 +194,31 @@ def test_lazy_update_gives_the_same_states(space):
     assert skipped > 20 and int(info_e.num_arms) == 4  # both paths were exercised
 
 
+def test_update_with_cond_skips_work_and_keeps_the_state(space):
+    """cond= (how traced code skips the eviction downdate and the acquisition) gives identical states;
+    the skipped branches are really skipped (counted), and proposed_arm is -1 when not adapting."""
+    tuner = gp_ucb(space, capacity=4, k=3)
+    rng = np.random.default_rng(12)
+    calls = {True: 0, False: 0}
+
+    def cond(pred, true_fn, false_fn, operand):
+        calls[bool(pred)] += 1
+        return true_fn(operand) if pred else false_fn(operand)
+
+    plain = branched = tuner.init()
+    for n in range(60):
+        reward, uniform = rng.uniform(0.1, 2.0), rng.uniform()
+        arm = np.int32(rng.integers(space.num_arms)) if n % 7 == 0 else plain.arm
+        plain, info_p = tuner.update(plain._replace(arm=arm), reward, uniform)
+        branched, info_b = tuner.update(branched._replace(arm=arm), reward, uniform, cond=cond)
+        for name in TunerState._fields:
+            for a, b in zip(_leaves([getattr(plain, name)]), _leaves([getattr(branched, name)])):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+        expected = int(info_p.proposed_arm) if bool(info_p.is_adapting) else -1
+        assert int(info_b.proposed_arm) == expected
+    assert calls[False] > 20 and calls[True] > 20  # both branches were exercised
+
+
 def _assert_same_state(expected, actual, skip=()):
     """Equal up to rounding (lazy solves over the occupied slots only), with the same dtypes and shapes."""
     for name in TunerState._fields:
