@@ -338,6 +338,8 @@ def write_report(json_path: str | Path) -> Path:
         from .run import markdown_report
 
         json_path.with_suffix(".md").write_text(markdown_report(results) + "\n")
+    from .run import _earlier_note, _total_s
+
     models = list(results["models"])
     lines = [
         f"# Benchmark report: AHMC against NUTS ({results['mode']} mode)",
@@ -345,7 +347,7 @@ def write_report(json_path: str | Path) -> Path:
         f"Command: `{env['command']}` ({env['date_utc']}, seed {env['seed']}, {settings['dtype']}, "
         f"{settings['num_chains']} chains per sampler except ChEES), on {env['cpu_model']} with "
         f"{env['nproc']} CPU cores shared with other jobs; git {str(env['git_commit'])[:10]}. "
-        + (f"Total {results['total_elapsed_s'] / 60:.0f} min." if complete else
+        + (f"Total {_total_s(results) / 60:.0f} min.{_earlier_note(env)}" if complete else
            "**The run was interrupted**: models not started: "
            f"{', '.join(not_started) or 'none'}; samplers that did not run are listed under each model."),
         "",

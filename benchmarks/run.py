@@ -222,6 +222,40 @@ def run_one(sampler_name, model, positions, num_warmup, num_samples, seed, optio
     return record
 
 
+RESUME_MUST_MATCH = ("num_chains", "num_warmup", "num_samples", "dtype", "sampler_options")
+
+
+def _previous_runs(args, results) -> dict:
+    """Finished runs of an earlier invocation writing ``args.output`` (``--resume``).
+
+    Returns ``{(model, sampler): record}`` plus ``"models"`` (their headers).  The
+    earlier run must have the same mode, seed and settings, else the numbers would
+    not be comparable; its command, date and commit are kept in
+    ``environment["earlier_invocations"]``, and its total time is added to this one's.
+    """
+    path = args.output
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    mismatched = [key for key in RESUME_MUST_MATCH if earlier["settings"].get(key) != results["settings"][key]]
+    if earlier.get("mode") != results["mode"] or earlier["environment"].get("seed") != args.seed:
+        mismatched.append("mode/seed")
+    if mismatched:
+        raise SystemExit(
+            f"--resume: {path} was made with different {', '.join(mismatched)}; "
+            "use the same settings, or another --output.")
+    env = earlier["environment"]
+    invocations = env.pop("earlier_invocations", [])
+    invocations.append({key: env.get(key) for key in ("command", "date_utc", "git_commit", "git_dirty")})
+    results["environment"]["earlier_invocations"] = invocations
+    results["earlier_elapsed_s"] = earlier.get("total_elapsed_s", 0.0) + earlier.get("earlier_elapsed_s", 0.0)
+    if "tuning" in earlier:
+        results["tuning"] = earlier["tuning"]
+    kept = {(run["model"], run["sampler"]): run for run in earlier["runs"] if run["status"] in ("ok", "skipped")}
+    kept["models"] = earlier["models"]
+    return kept
+
+
 def _draws_for(model, args) -> tuple[int, int, str | None]:
     num_warmup, num_samples = args.num_warmup, args.num_samples
     note = None
@@ -252,10 +286,17 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "models": {},
         "runs": [],
     }
+    previous = _previous_runs(args, results) if args.resume else {}
     total = len(model_names) * len(sampler_names)
     done = 0
     clock = time.perf_counter()
     for model_name in model_names:
+        if all((model_name, name) in previous for name in sampler_names):  # finished before: keep it
+            results["models"][model_name] = previous["models"][model_name]
+            results["runs"].extend(previous[model_name, name] for name in sampler_names)
+            done += len(sampler_names)
+            print(f"{model_name}: kept from {args.output.name} (--resume)", flush=True)
+            continue
         try:
             model = get_model(model_name)
         except Exception as error:  # noqa: BLE001 - a model that cannot be built fails its runs, the rest go on
@@ -282,6 +323,9 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             positions = positions.astype(np.float32)
         for sampler_name in sampler_names:
             done += 1
+            if (model_name, sampler_name) in previous:
+                results["runs"].append(previous[model_name, sampler_name])
+                continue
             print(
                 f"[{done}/{total}] {model_name} / {sampler_name}: {args.chains} chains, "
                 f"{num_warmup} warm-up + {num_samples} draws ...",
@@ -335,6 +379,18 @@ def _triple(d: dict[str, float], digits=3) -> str:
     return " / ".join(_fmt(d[k], digits) for k in ("min", "median", "max"))
 
 
+def _total_s(results) -> float:
+    return results["total_elapsed_s"] + results.get("earlier_elapsed_s", 0.0)
+
+
+def _earlier_note(env) -> str:
+    """The earlier invocations of a resumed run, whose finished runs this file keeps."""
+    earlier = env.get("earlier_invocations") or []
+    return "".join(
+        f" Resumed (`--resume`) from `{item['command']}` ({item['date_utc']}, git {str(item['git_commit'])[:10]}"
+        f"{' dirty' if item.get('git_dirty') else ''}), whose finished runs are kept." for item in earlier)
+
+
 def markdown_report(results: dict[str, Any]) -> str:
     env = results["environment"]
     settings = results["settings"]
@@ -346,8 +402,9 @@ def markdown_report(results: dict[str, Any]) -> str:
         f"on {env['jax_backend']}, BlackJAX {env['packages'].get('blackjax')}, NumPyro {env['packages'].get('numpyro')}, "
         f"PyMC {env['packages'].get('pymc')}, nutpie {env['packages'].get('nutpie')}; "
         f"git {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}. "
-        + (f"Total {results['total_elapsed_s'] / 60:.1f} min." if "total_elapsed_s" in results
-         else "**Interrupted: the models below are those that finished.**"),
+        + (f"Total {_total_s(results) / 60:.1f} min." if "total_elapsed_s" in results
+         else "**Interrupted: the models below are those that finished.**")
+        + _earlier_note(env),
         "",
         "ESS: ArviZ bulk ESS over all chains, per coordinate; min / median / max over coordinates. "
         "Per gradient = per leapfrog step of the sampling phase (paper's ESS/L); 'w/ warm-up' also counts "
@@ -458,6 +515,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help='JSON: {"sampler": {"option": value}}, passed to the runner')
     parser.add_argument("--output", type=Path, default=None,
                         help="JSON path (default benchmarks/results/bench_<mode>.json); the .md goes beside it")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the finished (model, sampler) runs already in --output (same settings) "
+                             "and run only the rest: finishes an interrupted run")
     parser.add_argument("--list", action="store_true", help="list models and samplers, then exit")
     parser.add_argument("--no-figures", dest="figures", action="store_false",
                         help="skip the paper-style report with figures (benchmarks/report.py)")

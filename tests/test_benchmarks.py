@@ -219,6 +219,24 @@ def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
     for figure in ("tiny_fig2_boxes_1.png", "tiny_fig3_ahmc_vs_nuts.png", "tiny_fig_tuning.png"):
         assert f"]({figure})" in report and (tmp_path / figure).stat().st_size > 10_000
 
+    # --resume keeps the finished runs and runs only the new model; other settings are refused.
+    first = results
+    resumed = subprocess.run(
+        [*command[:4], "kidiq,corr_gauss_2", *command[5:], "--resume", "--no-figures"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "kidiq: kept from tiny.json" in resumed.stdout and "[3/4] corr_gauss_2 / ahmc_blackjax" in resumed.stdout
+    results = json.loads(output.read_text())
+    assert [(r["model"], r["sampler"]) for r in results["runs"]] == [
+        ("kidiq", "ahmc_blackjax"), ("kidiq", "blackjax_nuts"),
+        ("corr_gauss_2", "ahmc_blackjax"), ("corr_gauss_2", "blackjax_nuts")]
+    assert results["runs"][:2] == first["runs"] and results["complete"]
+    assert results["environment"]["earlier_invocations"][0]["command"] == env["command"]
+    assert "Resumed (`--resume`) from" in output.with_suffix(".md").read_text()
+    refused = subprocess.run([*command[:-2], "--output", str(output), "--num-samples", "60", "--resume"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "different num_samples" in refused.stderr
+
 
 def test_chees_runner_counts_every_chain():
     """ChEES through the runner contract: 4 ensemble chains from 2 given starting points."""
