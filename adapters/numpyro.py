@@ -51,6 +51,7 @@ class AdaptiveHMCState(NamedTuple):
     tuning_round       GP round of this iteration (0 before the GP phase)
     arm_changed        whether the tuner moved the arm after this iteration
     adapt_probability  the annealed probability ``p_i`` in effect
+    restarted          the chain was lost in warm-up and restarted from another chain's position
     engine             the engine's state (tuner, mass matrix, round sums)
     rng_key            random key
     """
@@ -68,12 +69,13 @@ class AdaptiveHMCState(NamedTuple):
     tuning_round: Any
     arm_changed: Any
     adapt_probability: Any
+    restarted: Any
     engine: EngineState
     rng_key: Any
 
 
 TUNER_FIELDS = ("step_size", "max_steps", "num_steps", "accept_prob", "reward", "tuning_round",
-                "arm_changed", "adapt_probability", "potential_energy", "energy")
+                "arm_changed", "adapt_probability", "restarted", "potential_energy", "energy")
 
 
 class AdaptiveHMC(MCMCKernel):
@@ -220,7 +222,8 @@ class AdaptiveHMC(MCMCKernel):
             num_steps=jnp.zeros(batch, jnp.int32), accept_prob=nan, diverging=jnp.zeros(batch, bool),
             step_size=nan, max_steps=jnp.zeros(batch, jnp.int32), reward=nan,
             tuning_round=jnp.zeros(batch, jnp.int32), arm_changed=jnp.zeros(batch, bool),
-            adapt_probability=jnp.ones(batch, engine_state.logdensity.dtype), engine=engine_state,
+            adapt_probability=jnp.ones(batch, engine_state.logdensity.dtype),
+            restarted=jnp.zeros(batch, bool), engine=engine_state,
             rng_key=rng_key, **self._extra_fields(None, batch, engine_state.logdensity.dtype),
         )
         return state if self._vectorized else _unbatch(state)
@@ -240,7 +243,8 @@ class AdaptiveHMC(MCMCKernel):
             potential_energy=-info.logdensity, energy=info.energy, num_steps=info.num_integration_steps,
             accept_prob=info.acceptance_rate, diverging=info.is_divergent, step_size=info.step_size,
             max_steps=info.num_steps, reward=info.reward, tuning_round=info.round, arm_changed=info.arm_changed,
-            adapt_probability=info.adapt_probability, engine=engine_state, rng_key=rng_key,
+            adapt_probability=info.adapt_probability, restarted=info.restarted, engine=engine_state,
+            rng_key=rng_key,
             **self._extra_fields(info, info.logdensity.shape, info.logdensity.dtype),
         )
         return new if self._vectorized else _unbatch(new)
@@ -277,6 +281,7 @@ class AdaptiveRMHMCState(NamedTuple):
     tuning_round: Any
     arm_changed: Any
     adapt_probability: Any
+    restarted: Any
     engine: EngineState
     rng_key: Any
     fixed_point_converged: Any

@@ -49,7 +49,12 @@ def test_numpyro_vectorized_chains_recover_from_a_trapped_chain():
                 progress_bar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a lost chain left at the end of warm-up would warn
-        mcmc.run(jax.random.key(3), init_params=trapped_start(4), extra_fields=("step_size",))
+        mcmc.warmup(jax.random.key(3), init_params=trapped_start(4), collect_warmup=True,
+                    extra_fields=("restarted",))
+        restarted = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["restarted"])
+        mcmc.run(mcmc.post_warmup_state.rng_key, extra_fields=("step_size",))
+    # The sample stat `restarted` shows the trapped chain (and only it) being moved in warm-up.
+    assert restarted.shape == (4, 400) and restarted[1].any() and not restarted[[0, 2, 3]].any()
     draws = np.asarray(mcmc.get_samples(group_by_chain=True))
     # Every chain, the trapped one included, samples N(0, I).
     assert_moments_match(draws, np.zeros(DIM), np.ones(DIM))
