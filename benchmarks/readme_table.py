@@ -1,6 +1,10 @@
-"""Print the README's summary table from a benchmark results file.
+"""Print the README's tables from a benchmark results file.
 
     ./dev run python -m benchmarks.readme_table benchmarks/results/<name>.json
+    ./dev run python -m benchmarks.readme_table --summary ahmc_blackjax benchmarks/results/bench_full.json
+
+The first prints every sampler's row; ``--summary SAMPLER`` prints one AHMC
+sampler per model against the best NUTS and NumPyro's NUTS (the full run's table).
 """
 
 import json
@@ -35,5 +39,36 @@ def table(path):
     return "\n".join(lines)
 
 
+def summary(path, sampler):
+    """One row per model: ``sampler`` against the best NUTS (per gradient) and NumPyro's NUTS (per second)."""
+    results = json.load(open(path))
+    lines = ["| model | d | min ESS/grad | best NUTS (which) | ratio | min ESS/s vs NumPyro NUTS "
+             "| max R-hat | max \\|z\\| (means) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model, info in results["models"].items():
+        runs = {r["sampler"]: r for r in results["runs"] if r["model"] == model}
+        mine = runs.get(sampler)
+        if mine is None or mine["status"] != "ok":
+            reason = "not run" if mine is None else f"{mine['status']}: {mine.get('reason', '')}"
+            lines.append(f"| {model} | {info['dim']} | {reason[:70]} | | | | | |")
+            continue
+        m = mine["metrics"]
+        nuts = {name: r["metrics"]["ess_per_grad"]["min"] for name, r in runs.items()
+                if name in NUTS and r["status"] == "ok"}
+        best = max(nuts, key=nuts.get) if nuts else None
+        numpyro = runs.get("numpyro_nuts")
+        per_second = (f"{m['ess_per_second']['min'] / numpyro['metrics']['ess_per_second']['min']:.2f}x"
+                      if numpyro is not None and numpyro["status"] == "ok" else "-")
+        z = m.get("max_abs_z_reference", m.get("max_abs_z_mean"))
+        lines.append(
+            f"| {model} | {info['dim']} | {m['ess_per_grad']['min']:.3g} | "
+            + (f"{nuts[best]:.3g} ({best}) | {m['ess_per_grad']['min'] / nuts[best]:.2f}x | " if best else "- | - | ")
+            + f"{per_second} | {m['rhat_max']:.3f} | {'-' if z is None else f'{z:.2f}'} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(table(sys.argv[1]))
+    if sys.argv[1] == "--summary":
+        print(summary(sys.argv[3], sys.argv[2]))
+    else:
+        print(table(sys.argv[1]))
