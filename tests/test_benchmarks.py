@@ -109,6 +109,27 @@ def test_a_failing_sampler_is_recorded_and_the_run_goes_on(monkeypatch):
     assert record["status"] == "failed" and "RuntimeError: no such sampler here" in record["reason"]
 
 
+def test_per_coordinate_arrays_stay_out_of_the_json_above_the_limit(monkeypatch):
+    from benchmarks.samplers import SamplerRun
+
+    def independent(rng_key, model, positions, num_warmup, num_samples, **options):
+        draws = np.random.default_rng(0).normal(size=(positions.shape[0], num_samples, model.dim))
+        ones = np.ones(positions.shape[0], dtype=int)
+        timing = {"warmup_s": 1.0, "sampling_s": 1.0, "compile_s": 0.0}
+        return SamplerRun(draws, ones, ones * num_samples, ones * 0, ones * 0, timing, {})
+
+    monkeypatch.setitem(run.SAMPLERS, "independent", independent)
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, 0)
+    record = run.run_one("independent", model, positions, 10, 50, 0, {})
+    assert len(record["metrics"]["ess_bulk_per_coordinate"]) == 2 and "per_coordinate_omitted" not in record["metrics"]
+    monkeypatch.setattr(run, "PER_COORDINATE_MAX_DIM", 1)
+    record = run.run_one("independent", model, positions, 10, 50, 0, {})
+    assert record["status"] == "ok" and record["metrics"]["per_coordinate_omitted"]
+    assert "ess_bulk_per_coordinate" not in record["metrics"] and "rhat_per_coordinate" not in record["metrics"]
+    assert record["metrics"]["ess_bulk"]["min"] > 0
+
+
 def test_a_model_that_cannot_be_built_fails_its_runs_and_the_run_goes_on(monkeypatch):
     def broken():
         raise OSError("data file missing")
