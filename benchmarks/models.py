@@ -17,7 +17,9 @@ Models (paper = Wang, Mohamed & de Freitas, ICML 2013):
 * ``corr_gauss_2``: 2-d normal, unit variances, correlation 0.99.
 * ``stochastic_volatility``: paper section 5.3, T = 1000 simulated (d = 1003).
 * ``lgcp_16``, ``lgcp_64``: log-Gaussian Cox process, paper section 5.2, on a
-  16 x 16 or 64 x 64 grid (d = 256 or 4096), whitened, data simulated once.
+  16 x 16 or 64 x 64 grid, whitened, data simulated once: lgcp_16 by a Cholesky
+  factor (d = 256), lgcp_64 by a circulant embedding on a 128 x 128 torus applied
+  with FFTs (d = 16384 white-noise coordinates for the 4096 cells; see :func:`lgcp`).
 * ``eight_schools`` ... ``gauss_mix``: the nine posteriordb posteriors
   (``benchmarks/posteriordb.py``), scored against their reference means.
 

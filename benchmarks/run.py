@@ -19,7 +19,7 @@ Modes: the quick default (about 10-15 minutes for every sampler on a quiet
 2-core machine) runs the three logistic regressions, the three Gaussians and
 the LGCP on a 16 x 16 grid, all at 1000 + 1000; ``--full`` adds the nine
 posteriordb posteriors (scored against their reference means), stochastic
-volatility (d = 1003) and the LGCP on the paper's 64 x 64 grid (d = 4096).  A model can set ``Model.quick_draws`` to
+volatility (d = 1003) and the LGCP on the paper's 64 x 64 grid (4096 cells, d = 16384 by circulant embedding).  A model can set ``Model.quick_draws`` to
 run shorter in quick mode (the report then says so).  PyMC samplers run only
 on models with a PyMC version (``models.PYMC_MODEL_NAMES``); elsewhere they are
 recorded as skipped.  The JSON is rewritten after every run, so an interrupted
