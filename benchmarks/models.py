@@ -17,7 +17,9 @@ Models (paper = Wang, Mohamed & de Freitas, ICML 2013):
 * ``corr_gauss_2``: 2-d normal, unit variances, correlation 0.99.
 * ``stochastic_volatility``: paper section 5.3, T = 1000 simulated (d = 1003).
 * ``lgcp_16``, ``lgcp_64``: log-Gaussian Cox process, paper section 5.2, on a
-  16 x 16 or 64 x 64 grid (d = 256 or 4096), whitened, data simulated once.
+  16 x 16 or 64 x 64 grid, whitened, data simulated once: lgcp_16 by a Cholesky
+  factor (d = 256), lgcp_64 by a circulant embedding on a 128 x 128 torus applied
+  with FFTs (d = 16384 white-noise coordinates for the 4096 cells; see :func:`lgcp`).
 * ``eight_schools`` ... ``gauss_mix``: the nine posteriordb posteriors
   (``benchmarks/posteriordb.py``), scored against their reference means.
 
@@ -290,27 +292,92 @@ def lgcp_covariance(grid: int, variance: float = LGCP_VARIANCE, length: float = 
     return variance * np.exp(-distance / (grid * length))
 
 
-def simulate_lgcp(grid: int, seed: int = 20130617) -> dict[str, np.ndarray]:
+def lgcp_torus_eigenvalues(grid: int, variance: float = LGCP_VARIANCE, length: float = LGCP_RANGE) -> np.ndarray:
+    """Eigenvalues (n, n) of the field's covariance embedded in an n x n torus, n = 2 * grid.
+
+    The torus covariance is the same kernel at the wrap-around distance
+    min(|d|, n - |d|) per axis; within the ``grid`` x ``grid`` window that equals
+    the plain distance, so the window block is exactly :func:`lgcp_covariance`.
+    The covariance is circulant, so its eigenvalues are the 2-D DFT of its first
+    row.  Raises ValueError if the embedding is not positive semi-definite
+    (min < -1e-8 max), since then no exact square root exists; tiny negatives
+    from rounding are set to 0.
+    """
+    size = 2 * grid
+    offset = np.minimum(np.arange(size), size - np.arange(size))
+    kernel = variance * np.exp(-np.hypot(offset[:, None], offset[None, :]) / (grid * length))
+    eigenvalues = np.fft.fft2(kernel).real  # the kernel image is even, so the DFT is real
+    if eigenvalues.min() < -1e-8 * eigenvalues.max():
+        raise ValueError(
+            f"the circulant embedding of the LGCP covariance (grid={grid}, length={length}) on a {size} x {size} "
+            f"torus is not positive semi-definite (smallest eigenvalue {eigenvalues.min():.3g}); use a shorter "
+            "length or the Cholesky parameterization (embedding=False)"
+        )
+    return np.maximum(eigenvalues, 0.0)
+
+
+def lgcp_torus_field(white, grid: int, sqrt_eigenvalues, xp=np):
+    """Window of C^{1/2} z on the torus: (..., n*n) white noise -> (..., grid*grid) zero-mean field.
+
+    ``sqrt_eigenvalues`` is ``sqrt(lgcp_torus_eigenvalues(...))`` (n, n); ``xp`` is
+    ``numpy`` or ``jax.numpy``.  C^{1/2} z = ifft2(sqrt(lambda) fft2(z)) is real for
+    real z (lambda is real and even), so the half spectrum of rfft2 suffices.
+    """
+    size = sqrt_eigenvalues.shape[0]
+    torus = white.reshape(*white.shape[:-1], size, size)
+    half = sqrt_eigenvalues[:, : size // 2 + 1]
+    field = xp.fft.irfft2(half * xp.fft.rfft2(torus), s=(size, size))
+    return field[..., :grid, :grid].reshape(*white.shape[:-1], grid * grid)
+
+
+def simulate_lgcp(grid: int, seed: int = 20130617, embedding: bool = False) -> dict[str, np.ndarray]:
     """Draw the latent field and the counts from the generative model.
 
     x ~ N(mu 1, Sigma) (Sigma from :func:`lgcp_covariance`, mu = log 126 - sigma^2 / 2),
     y_ij ~ Poisson(m exp(x_ij)) with m = 1 / grid^2 the cell area.  Returns the
-    counts ``y``, the field ``x`` (both flat, row-major), the Cholesky factor
-    ``chol`` of Sigma and the cell area ``area``.
+    counts ``y``, the field ``x`` (both flat, row-major) and the cell area
+    ``area``; with ``embedding=False`` the field is x = mu + L w (``chol`` = L,
+    L L^T = Sigma, w white of length grid^2), with ``embedding=True`` it is the
+    window of the circulant embedding (:func:`lgcp_torus_field`, ``sqrt_eigenvalues``
+    returned, w white of length (2 grid)^2) -- the same distribution, other draws.
     """
     rng = np.random.default_rng([seed, grid])
+    area = 1.0 / grid**2
+    if embedding:
+        root = np.sqrt(lgcp_torus_eigenvalues(grid))
+        x = LGCP_MEAN + lgcp_torus_field(rng.standard_normal(root.size), grid, root)
+        y = rng.poisson(area * np.exp(x)).astype(np.float64)
+        return {"y": y, "x": x, "sqrt_eigenvalues": root, "area": area}
     chol = np.linalg.cholesky(lgcp_covariance(grid) + 1e-10 * np.eye(grid * grid))
     x = LGCP_MEAN + chol @ rng.standard_normal(grid * grid)
-    area = 1.0 / grid**2
     y = rng.poisson(area * np.exp(x)).astype(np.float64)
     return {"y": y, "x": x, "chol": chol, "area": area}
 
 
-def lgcp(grid: int) -> Model:
+def _in_chunks(fn, draws: np.ndarray, out_dim: int, chunk: int = 256) -> np.ndarray:
+    """Apply ``fn`` (rows, dim) -> (rows, out_dim) to (..., dim) draws a chunk of rows at a time (bounded memory)."""
+    flat = np.asarray(draws, dtype=np.float64).reshape(-1, draws.shape[-1])
+    out = np.empty((flat.shape[0], out_dim))
+    for start in range(0, flat.shape[0], chunk):
+        out[start : start + chunk] = fn(flat[start : start + chunk])
+    return out.reshape(*draws.shape[:-1], out_dim)
+
+
+def lgcp(grid: int, embedding: bool = True) -> Model:
     """Log-Gaussian Cox process on a ``grid`` x ``grid`` lattice (paper 5.2), whitened.
 
-    The sampler sees z (grid^2 coordinates, prior N(0, I)); the field is
-    x = mu + L z with L L^T = Sigma, so
+    The sampler sees white noise z (prior N(0, I)) and the field is a linear map of it:
+
+    * ``embedding=True`` (``lgcp_64``): z has (2 grid)^2 coordinates on a 2 grid x 2 grid
+      torus and x = mu + window(C^{1/2} z), C the circulant embedding of Sigma
+      (:func:`lgcp_torus_eigenvalues`), C^{1/2} applied by FFT: O(n^2 log n) per
+      gradient instead of the dense grid^2 x grid^2 product.  The field has exactly
+      the prior N(mu, Sigma); the extra torus coordinates are nuisance white noise.
+    * ``embedding=False`` (``lgcp_16``): z has grid^2 coordinates and x = mu + L z,
+      L L^T = Sigma (Cholesky).  lgcp_16 keeps it: its data and the committed
+      results stay as they are, its dense 256 x 256 product is cheap, and its
+      dimension stays 256 instead of 1024.
+
     log p(z | y) = sum_ij [y_ij x_ij - m exp(x_ij)] - |z|^2 / 2 + const.
     Hyperparameters (sigma^2, beta, mu) are fixed at their true values, as in
     Christensen et al. (2005) and Girolami & Calderhead (2011); the paper samples
@@ -319,21 +386,41 @@ def lgcp(grid: int) -> Model:
     """
     import jax.numpy as jnp
 
-    data = simulate_lgcp(grid)
-    y, chol, area = data["y"], data["chol"], data["area"]
+    data = simulate_lgcp(grid, embedding=embedding)
+    y, area = data["y"], data["area"]
+    if embedding:
+        root = data["sqrt_eigenvalues"]
+        dim = root.size
+
+        def field(z):
+            return LGCP_MEAN + lgcp_torus_field(z, grid, jnp.asarray(root, z.dtype), jnp)
+
+        def field_np(z):
+            return LGCP_MEAN + lgcp_torus_field(z, grid, root)
+
+        how = f"circulant-embedded white noise on a {2 * grid} x {2 * grid} torus (d = {dim})"
+    else:
+        chol = data["chol"]
+        dim = grid * grid
+
+        def field(z):
+            return LGCP_MEAN + jnp.asarray(chol, z.dtype) @ z
+
+        def field_np(z):
+            return LGCP_MEAN + z @ chol.T
+
+        how = f"Cholesky-whitened field (d = {dim})"
 
     def logdensity_fn(z):
-        x = LGCP_MEAN + jnp.asarray(chol, z.dtype) @ z
+        x = field(z)
         return jnp.sum(jnp.asarray(y, z.dtype) * x - area * jnp.exp(x)) - 0.5 * jnp.sum(z**2)
 
     def derived_fn(draws):
-        return {"x": LGCP_MEAN + np.asarray(draws) @ chol.T}
+        return {"x": _in_chunks(field_np, draws, grid * grid)}
 
-    dim = grid * grid
     return Model(
         f"lgcp_{grid}", logdensity_fn, dim, np.zeros(dim),
-        f"log-Gaussian Cox process (paper 5.2), {grid} x {grid} grid, whitened field, "
-        f"{int(y.sum())} simulated points",
+        f"log-Gaussian Cox process (paper 5.2), {grid} x {grid} grid, {how}, {int(y.sum())} simulated points",
         derived_fn=derived_fn, truth={"x": data["x"], "y": y, "grid": grid},
     )
 
@@ -365,8 +452,8 @@ MODELS: dict[str, Callable[[], Model]] = {
     "diag_gauss_10": _diag_gauss_10,
     "corr_gauss_2": _corr_gauss_2,
     "stochastic_volatility": stochastic_volatility,
-    "lgcp_16": lambda: lgcp(16),
-    "lgcp_64": lambda: lgcp(64),
+    "lgcp_16": lambda: lgcp(16, embedding=False),
+    "lgcp_64": lambda: lgcp(64, embedding=True),
     **{name: _posteriordb(name) for name in POSTERIORDB_MODELS},
 }
 

@@ -56,10 +56,10 @@ def test_logistic_log_density_matches_a_numpy_formula():
 
 
 def test_every_model_builds_and_is_finite_at_its_initial_positions():
-    """All but lgcp_64 (a 4096 x 4096 Cholesky) and the posteriordb models (tested below)."""
+    """All but the posteriordb models (tested below); lgcp_64 included (FFT, no dense matrix)."""
     jax = pytest.importorskip("jax")
     for name in models.MODELS:
-        if name == "lgcp_64" or name in models.POSTERIORDB_MODELS:
+        if name in models.POSTERIORDB_MODELS:
             continue
         model = models.get_model(name)
         positions = models.initial_positions(model, 4, seed=0).astype(np.float32)
@@ -107,6 +107,27 @@ def test_a_failing_sampler_is_recorded_and_the_run_goes_on(monkeypatch):
     model = models.get_model("corr_gauss_2")
     record = run.run_one("broken", model, models.initial_positions(model, 2, 0), 10, 10, 0, {})
     assert record["status"] == "failed" and "RuntimeError: no such sampler here" in record["reason"]
+
+
+def test_per_coordinate_arrays_stay_out_of_the_json_above_the_limit(monkeypatch):
+    from benchmarks.samplers import SamplerRun
+
+    def independent(rng_key, model, positions, num_warmup, num_samples, **options):
+        draws = np.random.default_rng(0).normal(size=(positions.shape[0], num_samples, model.dim))
+        ones = np.ones(positions.shape[0], dtype=int)
+        timing = {"warmup_s": 1.0, "sampling_s": 1.0, "compile_s": 0.0}
+        return SamplerRun(draws, ones, ones * num_samples, ones * 0, ones * 0, timing, {})
+
+    monkeypatch.setitem(run.SAMPLERS, "independent", independent)
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, 0)
+    record = run.run_one("independent", model, positions, 10, 50, 0, {})
+    assert len(record["metrics"]["ess_bulk_per_coordinate"]) == 2 and "per_coordinate_omitted" not in record["metrics"]
+    monkeypatch.setattr(run, "PER_COORDINATE_MAX_DIM", 1)
+    record = run.run_one("independent", model, positions, 10, 50, 0, {})
+    assert record["status"] == "ok" and record["metrics"]["per_coordinate_omitted"]
+    assert "ess_bulk_per_coordinate" not in record["metrics"] and "rhat_per_coordinate" not in record["metrics"]
+    assert record["metrics"]["ess_bulk"]["min"] > 0
 
 
 def test_a_model_that_cannot_be_built_fails_its_runs_and_the_run_goes_on(monkeypatch):
@@ -294,7 +315,7 @@ def test_lgcp_model_matches_its_definition():
     data = models.simulate_lgcp(4)
     np.testing.assert_allclose(data["chol"] @ data["chol"].T, cov, atol=1e-8)
     np.testing.assert_array_equal(models.simulate_lgcp(4)["y"], data["y"])  # seeded: same data every time
-    model = models.lgcp(4)
+    model = models.lgcp(4, embedding=False)
     z = np.random.default_rng(1).normal(size=(2, 16))
     x = models.LGCP_MEAN + z @ data["chol"].T
     expected = (data["y"] * x - np.exp(x) / 16).sum(axis=1) - 0.5 * (z**2).sum(axis=1)
@@ -303,6 +324,64 @@ def test_lgcp_model_matches_its_definition():
     np.testing.assert_allclose(np.diff(got), np.diff(expected), rtol=1e-9)
     np.testing.assert_allclose(model.derived_fn(z[None])["x"][0], x)
     assert model.truth["grid"] == 4 and model.dim == 16
+
+
+def _dense_torus_root(grid, length=models.LGCP_RANGE):
+    """Symmetric square root of the torus covariance built entry by entry (no FFT), window rows only."""
+    size = 2 * grid
+    rows, cols = np.divmod(np.arange(size * size), size)
+    wrap = lambda d: np.minimum(np.abs(d), size - np.abs(d))  # noqa: E731
+    distance = np.hypot(wrap(rows[:, None] - rows[None, :]), wrap(cols[:, None] - cols[None, :]))
+    values, vectors = np.linalg.eigh(models.LGCP_VARIANCE * np.exp(-distance / (grid * length)))
+    root = (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
+    return root[(rows < grid) & (cols < grid)]  # window cells, row-major as in lgcp_covariance
+
+
+@pytest.mark.parametrize("grid, length", [(4, models.LGCP_RANGE), (6, 1 / 3), (5, 0.4)])
+def test_lgcp_torus_map_gives_exactly_the_lgcp_covariance(grid, length):
+    # (6, 1/3) and (5, 0.4): a range of 2 cells, as lgcp_64 (64 / 33 cells), so the off-diagonal entries matter.
+    root = np.sqrt(models.lgcp_torus_eigenvalues(grid, length=length))
+    assert root.shape == (2 * grid, 2 * grid)
+    # the linear map z -> field, column by column: the images of the identity's columns
+    matrix = models.lgcp_torus_field(np.eye(root.size), grid, root).T
+    assert matrix.shape == (grid * grid, root.size)
+    covariance = models.lgcp_covariance(grid, length=length)
+    np.testing.assert_allclose(matrix @ matrix.T, covariance, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(matrix, _dense_torus_root(grid, length), rtol=0, atol=1e-12)  # the symmetric root
+
+
+def test_lgcp_embedded_model_matches_its_closed_form():
+    jax = pytest.importorskip("jax")
+    model = models.lgcp(4, embedding=True)
+    assert model.dim == 64 and model.truth["grid"] == 4 and "8 x 8 torus (d = 64)" in model.description
+    data = models.simulate_lgcp(4, embedding=True)
+    np.testing.assert_array_equal(model.truth["y"], data["y"])
+    root = _dense_torus_root(4)
+    np.testing.assert_allclose(data["x"].std(), 1.91**0.5, rtol=0.5)  # one field of 16 cells: a loose sanity check
+    z = np.random.default_rng(3).normal(size=(3, 64))
+    x = models.LGCP_MEAN + z @ root.T
+    expected = (data["y"] * x - np.exp(x) / 16).sum(axis=1) - 0.5 * (z**2).sum(axis=1)
+    with jax.enable_x64(True):
+        got = [float(jax.jit(model.logdensity_fn)(jax.numpy.asarray(row))) for row in z]
+        grad = np.asarray(jax.grad(model.logdensity_fn)(jax.numpy.asarray(z[0])))
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
+    # gradient of the closed form: root^T (y - m exp(x)) - z
+    np.testing.assert_allclose(grad, root.T @ (data["y"] - np.exp(x[0]) / 16) - z[0], rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(model.derived_fn(z[None])["x"][0], x, rtol=1e-12)
+
+
+def test_lgcp_embedding_that_is_not_positive_semidefinite_raises():
+    # a range of 4 cells on a 4 x 4 grid: the 8 x 8 torus wraps the kernel round and the embedding fails
+    with pytest.raises(ValueError, match="not positive semi-definite.*length"):
+        models.lgcp_torus_eigenvalues(4, length=1.0)
+
+
+def test_lgcp_registry_parameterizations():
+    """lgcp_16 keeps the Cholesky (same data as the committed results), lgcp_64 is embedded; say so."""
+    small, large = models.get_model("lgcp_16"), models.get_model("lgcp_64")
+    assert small.dim == 256 and "Cholesky" in small.description and "198 simulated points" in small.description
+    assert large.dim == 128 * 128 and "128 x 128 torus (d = 16384)" in large.description
+    assert large.truth["x"].shape == (4096,)
 
 
 def _numpyro_logdensity_check(name, expected_fn):
