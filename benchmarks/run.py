@@ -262,6 +262,24 @@ def _previous_runs(args, results) -> dict:
     return kept
 
 
+def _release_compiled_code() -> None:
+    """Drop JAX's compiled executables after every run.
+
+    JAX keeps every executable, with its code's memory mappings, for the life
+    of the process, and a full run compiles hundreds of them.  A full run died
+    in its 116th run with "LLVM ERROR: Unable to allocate section memory" while
+    the machine had free memory (most likely the process's mappings reached
+    the kernel's limit, ``vm.max_map_count`` = 65530; not confirmed).  No
+    executable is reused across runs, so dropping them costs nothing.
+    """
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def _draws_for(model, args) -> tuple[int, int, str | None]:
     num_warmup, num_samples = args.num_warmup, args.num_samples
     note = None
@@ -343,6 +361,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 sampler_name, model, positions, num_warmup, num_samples, args.seed, options.get(sampler_name, {}),
                 keep=keep,
             )
+            _release_compiled_code()
             results["runs"].append(record)
             if "tuning" in keep and "tuning" not in results:  # the first AHMC tuning history, for the report
                 path = save_tuning(keep["tuning"], args.output)
