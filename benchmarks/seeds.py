@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--baseline", required=True, help="sampler the ratios divide by (also run)")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--sampler-options", default=None,
+                        help="passed to every run unchanged (JSON: {sampler: {option: value}})")
     args = parser.parse_args(argv)
     samplers = args.samplers.split(",")
     if args.baseline not in samplers:
@@ -86,8 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
     per_seed, environment = {}, None
     for seed in seeds:
         path = args.output.with_name(f"{args.output.stem}_seed{seed}.json")
+        options = ["--sampler-options", args.sampler_options] if args.sampler_options else []
         results = bench.main(["--models", args.models, "--samplers", args.samplers, "--seed", str(seed),
-                              "--output", str(path)])
+                              "--output", str(path), *options])
         per_seed[seed] = min_ess_per_grad(results)
         env = results["environment"]
         environment = environment or f"{env.get('cpu_model', '?')}, {env.get('nproc', '?')} CPUs (shared)"

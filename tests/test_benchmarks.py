@@ -487,3 +487,27 @@ def test_funnel_truth_check_passes_exact_draws_and_flags_a_missed_neck():
     no_neck = exact[np.broadcast_to(exact[..., :1] > -3.0, exact.shape)].reshape(-1, 10)
     no_neck = no_neck[: (len(no_neck) // 4) * 4].reshape(4, -1, 10)
     assert funnel_truth_z(funnel_features(no_neck))["max_abs_z_mean"] > 6
+
+
+def test_seed_spread_passes_options_through_and_divides_by_the_baseline_of_each_seed(monkeypatch, tmp_path):
+    from benchmarks import seeds
+
+    calls = []
+    values = {0: {"ahmc": 0.2, "nuts": 0.1}, 1: {"ahmc": 0.3, "nuts": 0.2}}
+
+    def fake_main(argv):
+        calls.append(argv)
+        seed = int(argv[argv.index("--seed") + 1])
+        return {"environment": {"cpu_model": "cpu", "nproc": 2},
+                "runs": [{"model": "m", "sampler": s, "status": "ok", "metrics": {"ess_per_grad": {"min": v}}}
+                         for s, v in values[seed].items()]}
+
+    monkeypatch.setattr(seeds.bench, "main", fake_main)
+    options = '{"ahmc": {"objective": "esjd"}}'
+    summary = seeds.main(["--models", "m", "--samplers", "ahmc,nuts", "--baseline", "nuts", "--seeds", "0,1",
+                          "--sampler-options", options, "--output", str(tmp_path / "s.json")])
+    assert all(call[call.index("--sampler-options") + 1] == options for call in calls)
+    row = summary["table"]["m"]["ahmc"]
+    assert row["ratio_to_baseline"] == pytest.approx([2.0, 1.5])
+    assert row["ratio_mean"] == pytest.approx(1.75) and row["ratio_min"] == pytest.approx(1.5)
+    assert "1.75 (1.50-2.00)" in (tmp_path / "s.md").read_text()
