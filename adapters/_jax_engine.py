@@ -216,6 +216,9 @@ class Engine(NamedTuple):
     ``step_size``, ``inverse_mass_matrix`` (pytree-flattened diagonal) and
     ``num_integration_steps`` (``L``) of chain 0's arm (all chains share it
     when pooled).  ``tuner`` is the core tuner (``tuner.surrogate`` for plots).
+    ``scan_draws(rng_key, state, num_samples, first_iteration)`` runs the iterations after
+    warm-up: the same draws as scanning ``step``, without per-iteration warm-up work and run-time
+    branches (``None``: scan ``step``).
     """
 
     init: Callable
@@ -223,6 +226,7 @@ class Engine(NamedTuple):
     parameters: Callable
     tuner: Any
     config: EngineConfig
+    scan_draws: Callable | None = None
 
 
 def _pair(name, value, *, integer):
@@ -621,13 +625,23 @@ def build_engine(
             extra["round_target"] = super_transition_length(tuner_state, box, key)  # reset when the GP starts
         return extra
 
-    def step(rng_key, state: EngineState):
+    def step(rng_key, state: EngineState, sampling: bool = False, round_end: str = "cond"):
+        """One iteration of every chain.
+
+        Both extra arguments are static and change only the cost, never the result, when the
+        caller's promise holds.  ``sampling=True``: the iteration is past the warm-up's metric
+        phase, so it is traced without the warm-up machinery (step-size and mass-matrix
+        adaptation, chain checks), whose branches would never run.  ``round_end``: ``"cond"``
+        decides at run time whether the round ends here; ``"never"`` / ``"always"`` are promises
+        (fixed-length rounds only), which let :func:`scan_draws` drop the run-time branch: on
+        CPU a ``lax.cond`` around the GP update cost a few microseconds per iteration even when
+        not taken, as much as a cheap model's gradients."""
         num_chains = state.logdensity.shape[0]
         it = state.iteration
         dtype = state.inverse_mass_matrix.dtype
         key_hmc, key_tuner = jax.random.split(rng_key)
         key_restart = jax.random.fold_in(key_tuner, 1)  # leaves the other streams as they were
-        in_metric_phase = it < metric_phase
+        in_metric_phase = jnp.asarray(False) if sampling else it < metric_phase
 
         # Parameters of this iteration.
         warm_eps = jnp.exp(state.step_size_adaptation.log_step_size).astype(dtype)
@@ -637,8 +651,11 @@ def build_engine(
             arm_l = jnp.broadcast_to(arm_l, (num_chains,))
         else:
             arm_eps, arm_l = jax.vmap(arm_parameters, in_axes=(0, None))(state.tuner, state.box)
-        eps = jnp.where(in_metric_phase, warm_eps, arm_eps)
-        max_steps = jnp.where(in_metric_phase, warmup_num_steps(warm_eps), arm_l)
+        if sampling:
+            eps, max_steps = arm_eps, arm_l
+        else:
+            eps = jnp.where(in_metric_phase, warm_eps, arm_eps)
+            max_steps = jnp.where(in_metric_phase, warmup_num_steps(warm_eps), arm_l)
 
         # One HMC transition per chain, L_t ~ U{1..L}.
         if shared_num_steps:  # one u for every chain: L_t = ceil(u L)
@@ -658,72 +675,78 @@ def build_engine(
         new, hmc_info, num_taken = jax.vmap(transition)(
             keys, state.position, state.logdensity, state.logdensity_grad, eps, max_steps, *data_args)
 
-        # Per-chain window sums for the chain checks and the end-of-warm-up warning.
         accept = jnp.nan_to_num(hmc_info.acceptance_rate, nan=0.0).astype(dtype)
+        # Per-chain window sums for the chain checks and the end-of-warm-up warning.
         ld = new.logdensity.astype(dtype)
         count = state.window.count + 1
         window = WindowStats(count, state.window.logdensity + ld, state.window.logdensity_sq + ld * ld,
                              state.window.acceptance + accept,
                              state.window.logdensity_trend + count.astype(dtype) * ld)
-
-        # Warm-up adapters (pooled over chains).
-        da_state = state.step_size_adaptation
-        da_state = jax.tree.map(lambda a, b: jnp.where(in_metric_phase, a, b),
-                                da_update(da_state, jnp.mean(accept)), da_state)
-        phase_it = jnp.minimum(it, is_slow.shape[0] - 1)
-
-        # Chain check: a chain far below the others restarts from a healthy chain's position.
-        is_check_now = in_metric_phase & is_check[phase_it]
-        if compare_chains and restart_lost_chains and num_chains >= 3:
-            far = far_below(window)  # at most half the chains (median): donors always exist
-            lost = lost_chains(window, ld) & is_check_now
-            donors = jax.random.categorical(key_restart, jnp.where(far, -jnp.inf, 0.0), shape=(num_chains,))
-
-            def take(x):
-                moved = x[donors]
-                return jnp.where(lost.reshape((-1,) + (1,) * (x.ndim - 1)), moved, x)
-
-            new = jax.tree.map(take, new)
-            da_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(lost), a, b),
-                                    da_init(jnp.exp(da_state.log_step_size)), da_state)
-        else:
+        starts_gp = False
+        if sampling:  # the warm-up adapters are done: carry their state unchanged
+            flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
+            da_state, mm_state = state.step_size_adaptation, state.mass_matrix_adaptation
+            imm, box = state.inverse_mass_matrix, state.box
             lost = jnp.zeros((num_chains,), bool)
-        warmup_ends = it == num_warmup - 1
-        if num_warmup > 0:
-            jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains),
-                         lambda operand: None, (window, ld))
-        window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
-                              window_init(num_chains, dtype), window)
-        slow_now = in_metric_phase & is_slow[phase_it]
-        window_end = in_metric_phase & is_window_end[phase_it]
-        flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
-
-        def pool_positions(mm_state):
-            return jax.lax.scan(lambda s, x: (mm_update(s, x), None), mm_state, flat_new)[0]
-
-        mm_state = jax.lax.cond(slow_now, pool_positions, lambda s: s, state.mass_matrix_adaptation)
-
-        def close_window(operand):
-            mm_state, _, da_state = operand
-            mm_state = mm_final(mm_state)
-            restart = da_init(jnp.exp(da_state.log_step_size))
-            return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart
-
-        mm_state, imm, da_state = jax.lax.cond(
-            window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state))
-
-        # The GP phase starts: fix eps* and (if automatic) the search box.
-        starts_gp = it == metric_phase - 1
-        eps_star = jnp.exp(da_state.log_step_size_avg).astype(dtype)
-        if auto_box:
-            l_hi = jnp.clip(jnp.ceil(max_integration_time / eps_star), 2, num_steps_cap).astype(jnp.int32)
-            if super_transitions:  # every arm must fit one transition in the budget
-                l_hi = jnp.minimum(l_hi, max(2, 2 * int(super_transitions) - 1))
-            new_box = SearchBox(eps_star * jnp.asarray((lo_factor, hi_factor), dtype),
-                                jnp.stack([jnp.asarray(1, jnp.int32), l_hi]))
-            box = jax.tree.map(lambda a, b: jnp.where(starts_gp, a, b), new_box, state.box)
         else:
-            box = state.box
+            # Warm-up adapters (pooled over chains).
+            da_state = state.step_size_adaptation
+            da_state = jax.tree.map(lambda a, b: jnp.where(in_metric_phase, a, b),
+                                    da_update(da_state, jnp.mean(accept)), da_state)
+            phase_it = jnp.minimum(it, is_slow.shape[0] - 1)
+
+            # Chain check: a chain far below the others restarts from a healthy chain's position.
+            is_check_now = in_metric_phase & is_check[phase_it]
+            if compare_chains and restart_lost_chains and num_chains >= 3:
+                far = far_below(window)  # at most half the chains (median): donors always exist
+                lost = lost_chains(window, ld) & is_check_now
+                donors = jax.random.categorical(key_restart, jnp.where(far, -jnp.inf, 0.0), shape=(num_chains,))
+
+                def take(x):
+                    moved = x[donors]
+                    return jnp.where(lost.reshape((-1,) + (1,) * (x.ndim - 1)), moved, x)
+
+                new = jax.tree.map(take, new)
+                da_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(lost), a, b),
+                                        da_init(jnp.exp(da_state.log_step_size)), da_state)
+            else:
+                lost = jnp.zeros((num_chains,), bool)
+            warmup_ends = it == num_warmup - 1
+            if num_warmup > 0:
+                jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains),
+                             lambda operand: None, (window, ld))
+            window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
+                                  window_init(num_chains, dtype), window)
+            slow_now = in_metric_phase & is_slow[phase_it]
+            window_end = in_metric_phase & is_window_end[phase_it]
+            flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
+
+            def pool_positions(mm_state):
+                return jax.lax.scan(lambda s, x: (mm_update(s, x), None), mm_state, flat_new)[0]
+
+            mm_state = jax.lax.cond(slow_now, pool_positions, lambda s: s, state.mass_matrix_adaptation)
+
+            def close_window(operand):
+                mm_state, _, da_state = operand
+                mm_state = mm_final(mm_state)
+                restart = da_init(jnp.exp(da_state.log_step_size))
+                return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart
+
+            mm_state, imm, da_state = jax.lax.cond(
+                window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state))
+
+            # The GP phase starts: fix eps* and (if automatic) the search box.
+            starts_gp = it == metric_phase - 1
+            eps_star = jnp.exp(da_state.log_step_size_avg).astype(dtype)
+            if auto_box:
+                l_hi = jnp.clip(jnp.ceil(max_integration_time / eps_star), 2, num_steps_cap).astype(jnp.int32)
+                if super_transitions:  # every arm must fit one transition in the budget
+                    l_hi = jnp.minimum(l_hi, max(2, 2 * int(super_transitions) - 1))
+                new_box = SearchBox(eps_star * jnp.asarray((lo_factor, hi_factor), dtype),
+                                    jnp.stack([jnp.asarray(1, jnp.int32), l_hi]))
+                box = jax.tree.map(lambda a, b: jnp.where(starts_gp, a, b), new_box, state.box)
+            else:
+                box = state.box
 
         # Round bookkeeping in the whitened metric.
         flat_old = jax.vmap(lambda p: ravel_pytree(p)[0])(state.position)
@@ -731,8 +754,9 @@ def build_engine(
         stats = jax.vmap(round_update, in_axes=(0, 0, 0, 0, 0, 0, None))(
             state.round_stats, flat_old, flat_new, num_taken, hmc_info.acceptance_rate,
             hmc_info.is_divergent, scale)
-        stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
-                             jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains)), stats)
+        if not sampling:
+            stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
+                                 jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains)), stats)
         since_gp = it - metric_phase
         is_round_end = (~in_metric_phase) & ((since_gp + 1) % round_length == 0)
         if super_transitions:
@@ -782,9 +806,16 @@ def build_engine(
             nan = jnp.full((num_chains,), jnp.nan, dtype)
             return tuner_state, stats, (nan, jnp.zeros((num_chains,), bool), p), hook_state
 
-        tuner_state, stats, (reward, changed, p), hook_state = jax.lax.cond(
-            is_round_end, end_round, continue_round,
-            (state.tuner, stats, state.adapt_probability, state.round_end_state))
+        operand = (state.tuner, stats, state.adapt_probability, state.round_end_state)
+        if round_end == "cond":
+            tuner_state, stats, (reward, changed, p), hook_state = jax.lax.cond(
+                is_round_end, end_round, continue_round, operand)
+        else:
+            if super_transitions:
+                raise ValueError("round_end='never'/'always' needs fixed-length rounds (no super_transitions).")
+            is_round_end = jnp.asarray(round_end == "always")
+            tuner_state, stats, (reward, changed, p), hook_state = (
+                end_round if round_end == "always" else continue_round)(operand)
 
         new_state = EngineState(
             position=new.position, logdensity=new.logdensity, logdensity_grad=new.logdensity_grad,
@@ -832,7 +863,49 @@ def build_engine(
             "num_integration_steps": jnp.where(in_metric_phase, warmup_num_steps(warm_eps), steps),
         }
 
-    return Engine(init=init, step=step, parameters=parameters, tuner=tuner, config=config)
+    def scan_draws(rng_key, state: EngineState, num_samples: int, first_iteration: int):
+        """Run ``num_samples`` iterations after warm-up: ``(state, (positions, info))`` as a
+        ``lax.scan`` of ``step`` with ``jax.random.split(rng_key, num_samples)`` gives, the same
+        draws, but cheaper.  ``first_iteration`` (static) is ``state.iteration``, at least
+        ``num_warmup``.  With fixed-length rounds the whole rounds run as an inner scan of
+        ``round_length - 1`` iterations that cannot end a round and one that does, so no
+        iteration branches at run time; the partial rounds at either end use ``step``."""
+        keys = jax.random.split(rng_key, num_samples)
+
+        def run(step_fn, state, keys):
+            def body(state, key):
+                state, info = step_fn(key, state)
+                return state, (state.position, info)
+            return jax.lax.scan(body, state, keys)
+
+        per_iteration = partial(step, sampling=True)
+        if super_transitions:
+            return run(per_iteration, state, keys)
+        into_round = (first_iteration - metric_phase) % round_length
+        head = min(num_samples, (round_length - into_round) % round_length)
+        num_rounds = (num_samples - head) // round_length
+        pieces = []
+        state, out = run(per_iteration, state, keys[:head])
+        pieces.append(out)
+        if num_rounds:
+            inner = partial(step, sampling=True, round_end="never")
+            last = partial(step, sampling=True, round_end="always")
+
+            def one_round(state, round_keys):
+                state, (positions, info) = run(inner, state, round_keys[:-1])
+                state, end_info = last(round_keys[-1], state)
+                append = partial(jax.tree.map, lambda a, b: jnp.concatenate([a, b[None]]))
+                return state, (append(positions, state.position), append(info, end_info))
+
+            blocks = keys[head:head + num_rounds * round_length].reshape((num_rounds, round_length) + keys.shape[1:])
+            state, out = jax.lax.scan(one_round, state, blocks)
+            pieces.append(jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), out))
+        state, out = run(per_iteration, state, keys[head + num_rounds * round_length:])
+        pieces.append(out)
+        return state, jax.tree.map(lambda *xs: jnp.concatenate(xs), *pieces)
+
+    return Engine(init=init, step=step, parameters=parameters, tuner=tuner, config=config,
+                  scan_draws=scan_draws)
 
 
 LOST_GAP_SDS = 10.0  # a lost chain's mean log density is this many within-chain sds below the median chain's
@@ -951,10 +1024,21 @@ def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000,
     init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
     state = engine.init(positions, init_key)
     state, warm_info = _scan(engine.step, warm_key, state, num_warmup, keep_positions=False)
-    state, (draws, sample_info) = _scan(engine.step, sample_key, state, num_samples, keep_positions=True)
+    state, (draws, sample_info) = _scan_draws(engine, sample_key, state, num_samples, num_warmup)
     info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
     samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), draws)
     return samples, info, state
+
+
+def _scan_draws(engine, rng_key, state, num_samples, first_iteration):
+    """The draws after warm-up, compiled: ``engine.scan_draws`` when the engine has one."""
+    if engine.scan_draws is None:
+        return _scan(engine.step, rng_key, state, num_samples, True)
+    return _scan_draws_jit(engine.scan_draws, rng_key, state, num_samples, first_iteration)
+
+
+_scan_draws_jit = jax.jit(lambda scan_draws, key, state, n, first: scan_draws(key, state, n, first),
+                          static_argnums=(0, 3, 4))
 
 
 def _scan(step, rng_key, state, num_steps, keep_positions):

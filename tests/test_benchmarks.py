@@ -154,46 +154,30 @@ _ENV = {"command": "c", "date_utc": "d", "seed": 0, "cpu_model": "cpu", "nproc":
         "jax_backend": "cpu", "git_commit": "0" * 40, "git_dirty": False}
 
 
-def test_ahmc_runner_reads_the_run_chains_contract(monkeypatch):
-    """The ahmc_blackjax runner against a stand-in engine ``sample`` with the documented outputs."""
-    pytest.importorskip("jax")
-    import types
-    from typing import NamedTuple
-
-    class Info(NamedTuple):
-        num_integration_steps: np.ndarray
-        is_divergent: np.ndarray
-        is_warmup: np.ndarray
-        step_size: np.ndarray
-
-    def run_chains(rng_key, logdensity_fn, positions, num_warmup, num_samples, **options):
-        chains, dim = positions.shape
-        rows = num_warmup + num_samples
-        is_warmup = np.repeat((np.arange(rows) < num_warmup)[:, None], chains, axis=1)
-        steps = np.where(is_warmup, 3, 2)  # 3 per warm-up iteration, 2 per draw
-        divergent = np.zeros((rows, chains), dtype=bool)
-        divergent[0, 0] = divergent[-1, 1] = True  # one in warm-up, one in sampling
-        samples = np.random.default_rng(0).normal(size=(chains, num_samples, dim))
-        return samples, Info(steps, divergent, is_warmup, np.full((rows, chains), 0.5))
+def test_ahmc_runner_times_the_engine_phases_apart_and_draws_what_sample_draws():
+    """The ahmc_blackjax runner runs the engine's two scans itself (to time them one by one):
+    same draws and step counts as ``_jax_engine.sample`` with the same key, measured times."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
 
     from ahmc.adapters import _jax_engine
 
-    def sample(rng_key, logdensity_fn, positions, num_warmup, num_samples, **options):
-        samples, info = run_chains(rng_key, logdensity_fn, positions, num_warmup, num_samples, **options)
-        box = types.SimpleNamespace(step_size=np.array([0.1, 0.4]), num_steps=np.array([1, 50]))
-        return samples, info, types.SimpleNamespace(box=box)
-
-    monkeypatch.setattr(_jax_engine, "sample", sample)
     model = models.get_model("corr_gauss_2")
-    out = run.SAMPLERS["ahmc_blackjax"](None, model, models.initial_positions(model, 3, 0), 20, 10)
-    assert out.keep["tuning"]["search_box"][1].tolist() == [1, 50]
-    assert out.keep["tuning"]["info"]["num_integration_steps"].shape == (30, 3)
-    assert out.draws.shape == (3, 10, 2)
-    np.testing.assert_array_equal(out.num_grads_warmup, [60, 60, 60])
-    np.testing.assert_array_equal(out.num_grads_sampling, [20, 20, 20])
-    np.testing.assert_array_equal(out.num_divergent_warmup, [1, 0, 0])
-    np.testing.assert_array_equal(out.num_divergent_sampling, [0, 1, 0])
-    assert out.timing["sampling_time_estimated"] and out.extra["final_step_size"] == [0.5] * 3
+    positions = models.initial_positions(model, 3, 0)
+    key = jax.random.key(5)
+    out = run.SAMPLERS["ahmc_blackjax"](key, model, positions, 60, 40)
+    samples, info, state = _jax_engine.sample(key, model.logdensity_fn, jnp.asarray(positions), 60, 40)
+    np.testing.assert_array_equal(out.draws, np.asarray(samples))
+    steps = np.asarray(info.num_integration_steps)
+    np.testing.assert_array_equal(out.num_grads_warmup, steps[:60].sum(axis=0))
+    np.testing.assert_array_equal(out.num_grads_sampling, steps[60:].sum(axis=0))
+    assert out.num_grads_sampling.sum() > 0
+    assert out.keep["tuning"]["info"]["num_integration_steps"].shape == (100, 3)
+    assert out.keep["tuning"]["search_box"][1].tolist() == np.asarray(state.box.num_steps).tolist()
+    assert out.extra["final_step_size"] == np.asarray(info.step_size)[-1].tolist()
+    timing = out.timing
+    assert not timing["sampling_time_estimated"]
+    assert timing["warmup_s"] > 0 and timing["sampling_s"] > 0 and timing["compile_s"] > 0
 
 
 def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
@@ -511,3 +495,19 @@ def test_seed_spread_passes_options_through_and_divides_by_the_baseline_of_each_
     assert row["ratio_to_baseline"] == pytest.approx([2.0, 1.5])
     assert row["ratio_mean"] == pytest.approx(1.75) and row["ratio_min"] == pytest.approx(1.5)
     assert "1.75 (1.50-2.00)" in (tmp_path / "s.md").read_text()
+
+
+def test_engine_overhead_script_times_the_three_ways_and_writes_its_table(tmp_path):
+    pytest.importorskip("blackjax")
+    from benchmarks import engine_overhead
+
+    output = tmp_path / "overhead.json"
+    results = engine_overhead.main(["--models", "corr_gauss_2", "--repeats", "2", "--num-iterations", "30",
+                                    "--num-warmup", "60", "--output", str(output)])
+    (row,) = results["models"]
+    assert row["same_draws"] and row["num_iterations"] == 30
+    for way in ("step", "scan_draws", "bare"):
+        assert 0 < row[way]["us_per_iteration_min"] <= row[way]["us_per_iteration_median"]
+        assert row[way]["steps_per_chain_iteration"] >= 1
+    assert json.loads(output.read_text())["models"][0]["model"] == "corr_gauss_2"
+    assert "| corr_gauss_2 | 2 | 4 |" in output.with_suffix(".md").read_text()

@@ -83,3 +83,37 @@ def test_hook_options_check_their_input():
     with pytest.raises(ValueError, match="chain_data must have a leading chain axis of size 2"):
         engine.init(jnp.zeros((2, 3)))
     assert math.isfinite(float(engine.init(jnp.zeros((1, 3))).logdensity[0]))
+
+
+@pytest.mark.parametrize(
+    "num_warmup, num_samples, options",
+    [
+        (100, 57, {}),  # warm-up ends mid-round: a partial round first, whole rounds, a partial last
+        (80, 40, {"pooled": False}),  # rounds aligned with the end of warm-up; one tuner per chain
+        (100, 35, {"round_end_fn": recording_hook, "chain_data": jnp.asarray(MEANS), "round_length": 7}),
+        (100, 45, {"super_transitions": 30}),  # rounds of varying length: plain per-iteration scan
+    ],
+)
+def test_scan_draws_gives_what_scanning_step_gives(num_warmup, num_samples, options):
+    """``scan_draws`` (no warm-up work, no run-time round-end branch) only changes the cost: the
+    same positions and per-iteration info as a scan of ``step`` from the same warmed-up state."""
+    if "round_end_fn" in options:
+        options = {**options, "round_end_state": (jnp.asarray(0), jnp.zeros((MAX_ROUNDS, 2, 3)),
+                                                  jnp.zeros(MAX_ROUNDS, jnp.int32))}
+    logdensity = shifted_gaussian if "chain_data" in options else (lambda x: shifted_gaussian(x, MEANS[0]))
+    engine = build_engine(logdensity, num_warmup=num_warmup, **options)
+    state = engine.init(jnp.asarray(MEANS), jax.random.key(3))
+    state, _ = _scan(engine.step, jax.random.key(4), state, num_warmup, False)
+    key = jax.random.key(5)
+    expected_state, (expected_positions, expected_info) = _scan(engine.step, key, state, num_samples, True)
+    new_state, (positions, info) = jax.jit(engine.scan_draws, static_argnums=(2, 3))(
+        key, state, num_samples, num_warmup)
+    np.testing.assert_allclose(positions, expected_positions, rtol=1e-6, atol=1e-6)
+    assert np.isfinite(np.asarray(expected_info.reward)).sum() >= 3  # the tuner did update in between
+    for name, expected in expected_info._asdict().items():
+        np.testing.assert_allclose(np.asarray(getattr(info, name), float), np.asarray(expected, float),
+                                   rtol=1e-6, atol=1e-6, err_msg=name)
+    for actual, expected in zip(jax.tree.leaves(new_state), jax.tree.leaves(expected_state)):
+        if jnp.issubdtype(expected.dtype, jax.dtypes.prng_key):
+            continue
+        np.testing.assert_allclose(np.asarray(actual, float), np.asarray(expected, float), rtol=1e-6, atol=1e-6)
