@@ -180,6 +180,49 @@ def test_ahmc_runner_times_the_engine_phases_apart_and_draws_what_sample_draws()
     assert timing["warmup_s"] > 0 and timing["sampling_s"] > 0 and timing["compile_s"] > 0
 
 
+def test_compile_clock_counts_only_the_marked_stretches_as_run_time():
+    """A phase with ``executing()`` marks: run time is the marked time, the rest (lowering, compiling) is compile."""
+    jax = pytest.importorskip("jax")
+    import time
+
+    from benchmarks.metrics import CompileClock
+
+    clock = CompileClock()
+    with clock.phase("p"):
+        time.sleep(0.05)  # stands for lowering work that JAX's compile events do not cover
+        with clock.executing():
+            time.sleep(0.02)
+    assert clock.run_s["p"] == pytest.approx(0.02, abs=0.015)
+    assert clock.compile_s["p"] == pytest.approx(clock.wall_s["p"] - clock.run_s["p"]) and clock.compile_s["p"] > 0.04
+    with clock.phase("q"):  # unmarked: compile is the union of the compile events only
+        jax.jit(lambda x: x * 2.0).lower(1.0).compile()
+        time.sleep(0.02)
+    assert clock.run_s["q"] >= 0.015 and clock.compile_s["q"] > 0
+    with pytest.raises(RuntimeError, match="inside clock.phase"):
+        with clock.executing():
+            pass
+
+
+@pytest.mark.parametrize("sampler", ["numpyro_nuts", "ahmc_numpyro"])
+def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler, monkeypatch):
+    """The NumPyro runners time a compiled re-run of the sampling phase, which must reproduce MCMC.run's
+    draws; when it does not, MCMC.run's time stands and the record says why."""
+    jax = pytest.importorskip("jax")
+    from benchmarks import samplers
+
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, 0)
+    out = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40)
+    timing = out.timing
+    assert timing["sampling_timed_by"] == "aot_rerun" and timing["retime_compile_s"] > 0
+    assert 0 < timing["sampling_s"] and timing["sampling_mcmc_run_s"] > 0
+
+    monkeypatch.setattr(samplers, "_same_draws", lambda a, b: False)  # as if the re-run drew otherwise
+    out = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40)
+    assert out.timing["sampling_timed_by"].startswith("mcmc_run")
+    assert out.timing["sampling_s"] == out.timing["sampling_mcmc_run_s"]
+
+
 def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
     """The harness end to end on a tiny configuration: a posteriordb model, AHMC and NUTS, the report."""
     pytest.importorskip("blackjax")
