@@ -223,6 +223,20 @@ def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler, 
     assert out.timing["sampling_s"] == out.timing["sampling_mcmc_run_s"]
 
 
+def test_same_draws_accepts_rounding_and_rejects_a_different_chain():
+    """The retiming check: draws equal to rounding pass, a changed draw or shape does not."""
+    from benchmarks.samplers import _same_draws
+
+    draws = np.random.default_rng(0).normal(size=(2, 40, 3))
+    assert _same_draws(draws * (1 + 1e-13), draws)
+    moved = draws.copy()
+    moved[1, 17, 2] += 1e-6
+    assert not _same_draws(moved, draws)
+    assert not _same_draws(draws[:, :39], draws)
+    single = draws.astype(np.float32)
+    assert _same_draws(single * np.float32(1 + 1e-7), single) and not _same_draws(single + np.float32(1e-3), single)
+
+
 def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
     """The harness end to end on a tiny configuration: a posteriordb model, AHMC and NUTS, the report."""
     pytest.importorskip("blackjax")
