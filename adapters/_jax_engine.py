@@ -68,7 +68,7 @@ from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
 from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reasonable_step_size
 from blackjax.adaptation.window_adaptation import build_schedule
 
-from ahmc.core import RoundStats, TunerState, get_objective, gp_ucb, round_init, round_update, search_space
+from ahmc.core import DEFAULT_DIVERGENCE_PENALTY, RoundStats, TunerState, get_objective, gp_ucb, round_init, round_update, search_space
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
            "sample", "lost_chains", "far_below", "climbing"]
@@ -260,6 +260,7 @@ def build_engine(
     target_acceptance_rate: float = 0.8,
     initial_step_size: float = 1.0,
     objective: str | Callable = "normalized_esjd",
+    divergence_penalty: float = DEFAULT_DIVERGENCE_PENALTY,
     exploit_after_warmup: bool = True,
     schedule: str = "inverse_sqrt",
     k: int | None = None,
@@ -326,6 +327,11 @@ def build_engine(
     objective
         ``"normalized_esjd"`` (paper), ``"esjd"``, ``"esjd_per_gradient"`` or a
         callable ``(RoundStats, max_num_steps) -> reward``.
+    divergence_penalty
+        The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the
+        fraction of the round's transitions that diverged (0: the paper's
+        reward; see :mod:`ahmc.core.objectives`).  A ``round_end_fn`` reward is
+        used as the hook returns it.
     exploit_after_warmup
         After the last GP round of warm-up, set the arm to the maximiser of the
         GP posterior mean (instead of the last UCB proposal, which with
@@ -416,7 +422,7 @@ def build_engine(
         raise ValueError(f"num_steps_cap must be a positive integer; got {num_steps_cap!r}.")
     if not 0.0 < target_acceptance_rate < 1.0:
         raise ValueError(f"target_acceptance_rate must be in (0, 1); got {target_acceptance_rate!r}.")
-    objective_fn = get_objective(objective)
+    objective_fn = get_objective(objective, divergence_penalty)
     if super_transitions is not None and (
             not isinstance(super_transitions, (int, np.integer)) or super_transitions < 1 or not pooled):
         raise ValueError(

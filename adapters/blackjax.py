@@ -29,12 +29,12 @@ Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`)
 ``step_size_bounds``, ``num_steps_bounds`` (user box; default automatic),
 ``adapt_mass_matrix``, ``inverse_mass_matrix``, ``pooled``, ``round_length``,
 ``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
-``objective``, ``schedule``, ``k``, ``freeze_after``, ``target_acceptance_rate``,
+``objective``, ``divergence_penalty``, ``schedule``, ``k``, ``freeze_after``, ``target_acceptance_rate``,
 GP settings (``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``,
 ``delta``), ``integrator``, ``divergence_threshold``, ``restart_lost_chains``
 (warm-up restarts a chain lost far below the others; 3+ chains).  ``paper_preset=True``
 selects Algorithm 2 as published (identity mass matrix, GP from the first
-round, linear step-size grid, ``k = 100``; requires the two bounds).
+round, linear step-size grid, ``k = 100``, no divergence penalty; requires the two bounds).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ __all__ = [
     "SearchBox",
 ]
 
-PAPER_PRESET = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False}
+PAPER_PRESET = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0}
 
 
 class GPUCBAdaptationInfo(NamedTuple):

@@ -95,7 +95,7 @@ class AdaptiveHMC(MCMCKernel):
         Tuning knobs, the same names and defaults as the BlackJAX routine
         (:func:`ahmc.adapters.blackjax.gpucb_adaptation`): ``step_size_bounds``,
         ``num_steps_bounds``, ``adapt_mass_matrix``, ``round_length``,
-        ``objective``, ``schedule``, ``k``, ``freeze_after`` (rounds, or
+        ``objective``, ``divergence_penalty``, ``schedule``, ``k``, ``freeze_after`` (rounds, or
         ``"warmup"``), ``pooled`` (vectorized chains only), and the GP settings
         ``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``, ``delta``.
         ``restart_lost_chains`` (default True): with 3+ vectorized chains the

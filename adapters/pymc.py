@@ -65,7 +65,7 @@ from pymc.vartypes import discrete_types  # noqa: E402
 from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
-from ahmc.core import adapt_probability, get_objective, gp_ucb, round_init, round_update, search_space
+from ahmc.core import DEFAULT_DIVERGENCE_PENALTY, adapt_probability, get_objective, gp_ucb, round_init, round_update, search_space
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -146,6 +146,9 @@ class AdaptiveHMC(BaseHMC):
         Iterations per round, ``m`` (10: the paper's ``B / k`` for 1000 tune, 100 rounds).
     objective : {"normalized_esjd", "esjd", "esjd_per_gradient"} or callable
         Reward of a round; a callable gets ``(RoundStats, L)``.
+    divergence_penalty : float
+        The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the round's
+        fraction of divergent transitions (default 10; 0 = the paper's reward).
     schedule : {"inverse_sqrt", "exponential"}
         Annealing of the adaptation probability ``p_i``; ``decay`` is the exponential's rate.
     k : int, optional
@@ -182,7 +185,7 @@ class AdaptiveHMC(BaseHMC):
     _make_progressbar_update_functions = staticmethod(HamiltonianMC._make_progressbar_update_functions)
 
     def __init__(self, vars=None, *, step_size_bounds=None, num_steps_bounds=None, round_length=10,
-                 objective="normalized_esjd", schedule="inverse_sqrt", k=None, decay=0.01, freeze_after=None,
+                 objective="normalized_esjd", divergence_penalty=DEFAULT_DIVERGENCE_PENALTY, schedule="inverse_sqrt", k=None, decay=0.01, freeze_after=None,
                  adapt_mass_matrix=True, initial_step_size=None, metric_fraction=None,
                  step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
                  num_steps_cap=256, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
@@ -206,7 +209,7 @@ class AdaptiveHMC(BaseHMC):
         self._tuner_options = dict(capacity=capacity, lengthscale=lengthscale, noise_variance=noise_variance,
                                    alpha=alpha, delta=delta, schedule=schedule, decay=decay)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
-        self._objective = get_objective(objective)
+        self._objective = get_objective(objective, divergence_penalty)
         if not isinstance(round_length, (int, np.integer)) or round_length < 1:
             raise ValueError(f"round_length must be a positive integer; got {round_length!r}.")
         if not (freeze_after is None or freeze_after in ("tune", "warmup") or (isinstance(freeze_after, int) and freeze_after >= 0)):

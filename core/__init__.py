@@ -12,6 +12,7 @@ of their inputs: the same code runs under NumPy (PyMC adapter) and under
 
 from .gp import ArmBuffer
 from .objectives import (
+    DEFAULT_DIVERGENCE_PENALTY,
     OBJECTIVES,
     RoundStats,
     esjd,
@@ -20,12 +21,14 @@ from .objectives import (
     normalized_esjd,
     round_init,
     round_update,
+    with_divergence_penalty,
 )
 from .space import SearchSpace, search_space
 from .tuner import Surrogate, Tuner, TunerInfo, TunerState, adapt_probability, gp_ucb, ucb_beta
 
 __all__ = [
     "ArmBuffer",
+    "DEFAULT_DIVERGENCE_PENALTY",
     "OBJECTIVES",
     "RoundStats",
     "SearchSpace",
@@ -43,4 +46,5 @@ __all__ = [
     "round_update",
     "search_space",
     "ucb_beta",
+    "with_divergence_penalty",
 ]

@@ -301,6 +301,23 @@ def test_divergences_are_counted_not_fatal():
     assert np.isfinite(np.asarray(info.reward)[np.isfinite(np.asarray(info.reward))]).all()
 
 
+def test_divergence_penalty_lowers_the_reward_of_rounds_with_divergences():
+    """First round (same arm and keys in both runs): reward = paper reward x exp(-10 x divergent fraction)."""
+    runs = {}
+    for penalty in (0.0, 10.0):
+        _, runs[penalty] = run_chains(
+            jax.random.key(29), standard_normal, initial_positions(30, 10), 40, 0, pooled=False,
+            paper_preset=True, step_size_bounds=(2.2, 2.6), num_steps_bounds=(5, 10), divergence_penalty=penalty,
+        )
+    divergent = np.asarray(runs[0.0].is_divergent[:10])
+    assert 0 < divergent.sum() < divergent.size  # some chains diverged in the round, not all transitions
+    np.testing.assert_array_equal(divergent, np.asarray(runs[10.0].is_divergent[:10]))
+    paper, penalized = np.asarray(runs[0.0].reward[9]), np.asarray(runs[10.0].reward[9])
+    np.testing.assert_allclose(penalized, paper * np.exp(-10.0 * divergent.mean(axis=0)), rtol=1e-5)
+    with pytest.raises(ValueError, match="divergence_penalty"):
+        adaptive_hmc(standard_normal, divergence_penalty=-1.0)
+
+
 def test_bad_options_raise_before_tracing():
     with pytest.raises(ValueError, match="both"):
         adaptive_hmc(standard_normal, step_size_bounds=(0.1, 1.0))

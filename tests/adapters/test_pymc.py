@@ -222,6 +222,7 @@ def test_discrete_variable_is_refused_with_a_hint():
     (dict(step_size_bounds=(0.5, 0.1)), "reversed"),
     (dict(num_steps_bounds=(20, 2)), "reversed"),
     (dict(objective="bogus"), "objective"),
+    (dict(divergence_penalty=-1.0), "divergence_penalty must be a finite number >= 0"),
     (dict(schedule="linear"), "schedule"),
     (dict(round_length=0), "round_length"),
     (dict(freeze_after="never"), "freeze_after"),

@@ -8,6 +8,7 @@ from ahmc.core import (
     normalized_esjd,
     round_init,
     round_update,
+    with_divergence_penalty,
 )
 
 
@@ -48,3 +49,35 @@ def test_get_objective():
     assert get_objective(custom) is custom
     with pytest.raises(ValueError, match="objective must be one of"):
         get_objective("ess")
+
+
+def _round_with_divergences(num_divergent, num_iterations=10):
+    stats = round_init()
+    for i in range(num_iterations):
+        stats = round_update(stats, np.zeros(2), np.array([1.0, 1.0]), 2, is_divergent=i < num_divergent)
+    return stats
+
+
+def test_divergence_penalty_scales_the_reward_by_the_divergent_fraction():
+    penalized = get_objective("normalized_esjd", divergence_penalty=10.0)
+    clean, two = _round_with_divergences(0), _round_with_divergences(2)
+    # 2 of 10 divergent: exp(-10 * 0.2); without divergences the reward is untouched.
+    assert float(penalized(two, 4)) == pytest.approx(float(normalized_esjd(two, 4)) * np.exp(-2.0))
+    assert float(penalized(clean, 4)) == float(normalized_esjd(clean, 4))
+    assert get_objective("normalized_esjd", divergence_penalty=0) is normalized_esjd
+    custom = with_divergence_penalty(lambda stats, max_num_steps: 3.0, 5.0)
+    assert float(custom(_round_with_divergences(10), 4)) == pytest.approx(3.0 * np.exp(-5.0))
+    assert np.isnan(penalized(round_init(), 4))  # an empty round stays NaN, not 0
+
+
+def test_divergence_penalty_runs_under_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    penalized = get_objective("esjd", divergence_penalty=10.0)
+    stats = round_update(round_init(jnp, jnp.float32), jnp.zeros(2), jnp.ones(2), 3, is_divergent=True)
+    assert float(penalized(stats, 3)) == pytest.approx(2.0 * np.exp(-10.0), rel=1e-5)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "ten"])
+def test_divergence_penalty_rejects_bad_values(bad):
+    with pytest.raises(ValueError, match="divergence_penalty must be a finite number >= 0"):
+        get_objective("normalized_esjd", divergence_penalty=bad)
