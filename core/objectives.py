@@ -22,9 +22,10 @@ diverged.  A divergent transition already adds a zero jump; the penalty goes
 further because divergences mark regions (a funnel's neck, a heavy tail)
 where a chain can stay stuck for hundreds of iterations at this step size,
 an event a 10-iteration round rarely sees but a whole run's ESS does.
-Measured on posteriordb's gp_pois_regr (20 seeds, 4 pooled chains): without
-the penalty one run in 20 had a chain stuck for 143 draws; with kappa = 10
-none did.  Rounds without divergences are unaffected.
+On posteriordb's gp_pois_regr one seed in five had a pooled chain stuck for
+143 draws without it; with kappa = 10 none of ten seeds did
+(benchmarks/results/gp_pois_regr_seeds_penalty.md).  Rounds without
+divergences are unaffected.
 
 Adapters update a :class:`RoundStats` once per iteration; no draws are kept.
 A user reward (e.g. the thesis's cross-validation reward) is any callable
