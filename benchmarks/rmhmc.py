@@ -175,7 +175,13 @@ def _armhmc_paper_box(rng_key, model, positions, num_warmup, num_samples, metric
                       step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 12))
 
 
-SAMPLERS = {"armhmc": run_armhmc, "armhmc_paper_box": _armhmc_paper_box, "blackjax_nuts": _nuts,
+def _armhmc_no_penalty(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+    """ARMHMC with the paper's reward (``divergence_penalty=0``; a failed implicit solve counts as divergent)."""
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, divergence_penalty=0.0)
+
+
+SAMPLERS = {"armhmc": run_armhmc, "armhmc_paper_box": _armhmc_paper_box, "armhmc_no_penalty": _armhmc_no_penalty,
+            "blackjax_nuts": _nuts,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
 PLAN = {"pima": LOGISTIC_PLAN, "ripley": LOGISTIC_PLAN, "breast_cancer": LOGISTIC_PLAN,
