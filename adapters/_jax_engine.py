@@ -68,7 +68,8 @@ from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
 from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reasonable_step_size
 from blackjax.adaptation.window_adaptation import build_schedule
 
-from ahmc.core import DEFAULT_DIVERGENCE_PENALTY, RoundStats, TunerState, get_objective, gp_ucb, round_init, round_update, search_space
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, RoundStats, TunerState, get_objective, gp_ucb, round_init,
+                       round_update, search_space)
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
            "sample", "lost_chains", "far_below", "climbing"]

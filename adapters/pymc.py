@@ -65,7 +65,8 @@ from pymc.vartypes import discrete_types  # noqa: E402
 from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
-from ahmc.core import DEFAULT_DIVERGENCE_PENALTY, adapt_probability, get_objective, gp_ucb, round_init, round_update, search_space
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, adapt_probability, get_objective, gp_ucb, round_init,
+                       round_update, search_space)
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -185,7 +186,8 @@ class AdaptiveHMC(BaseHMC):
     _make_progressbar_update_functions = staticmethod(HamiltonianMC._make_progressbar_update_functions)
 
     def __init__(self, vars=None, *, step_size_bounds=None, num_steps_bounds=None, round_length=10,
-                 objective="normalized_esjd", divergence_penalty=DEFAULT_DIVERGENCE_PENALTY, schedule="inverse_sqrt", k=None, decay=0.01, freeze_after=None,
+                 objective="normalized_esjd", divergence_penalty=DEFAULT_DIVERGENCE_PENALTY,
+                 schedule="inverse_sqrt", k=None, decay=0.01, freeze_after=None,
                  adapt_mass_matrix=True, initial_step_size=None, metric_fraction=None,
                  step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
                  num_steps_cap=256, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
