@@ -190,6 +190,23 @@ def test_stats_declared_and_tuning_history_rebuilds():
     assert np.all((1 <= stats["n_steps"].values) & (stats["n_steps"].values <= stats["max_steps"].values))
 
 
+def test_divergence_penalty_scales_the_first_round_reward():
+    """Same seed, no mass-matrix adaptation: the first round's draws agree, its reward is the paper reward x exp(-10 f)."""
+    rewards, divergent = {}, {}
+    for penalty in (0.0, 10.0):
+        idata = sample(gaussian_model(), tune=20, draws=0, chains=1, discard_tuned_samples=False,
+                       step_kwargs=dict(step_size_bounds=(0.22, 0.26), num_steps_bounds=(2, 8), round_length=10,
+                                        adapt_mass_matrix=False, divergence_penalty=penalty))
+        warm = idata.warmup_sample_stats
+        rewards[penalty] = warm["reward"].values[0, :10]
+        divergent[penalty] = warm["diverging"].values[0, :10]
+    np.testing.assert_array_equal(divergent[0.0], divergent[10.0])
+    fraction = divergent[0.0].mean()
+    assert 0 < fraction < 1  # the 0.1-scale coordinate is unstable at eps > 0.2 for some leapfrog counts
+    assert np.isnan(rewards[0.0][:9]).all() and np.isfinite(rewards[0.0][9])
+    np.testing.assert_allclose(rewards[10.0][9], rewards[0.0][9] * np.exp(-10.0 * fraction), rtol=1e-10)
+
+
 def test_freeze_after_tune_keeps_the_arm_during_draws():
     idata = sample(gaussian_model(), tune=200, draws=200, step_kwargs=dict(freeze_after="tune"))
     stats = idata.sample_stats
