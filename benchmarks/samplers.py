@@ -146,13 +146,11 @@ def run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, **opti
     with clock.phase("warmup"):
         warm_args = (jax.random.split(warm_key, num_chains), jnp.asarray(positions))
         warm_compiled = jax.jit(jax.vmap(warm_one)).lower(*warm_args).compile()
-        with clock.executing():
-            states, parameters, grads_warmup, div_warmup = _block(warm_compiled(*warm_args))
+        states, parameters, grads_warmup, div_warmup = clock.execute(warm_compiled, *warm_args)
     with clock.phase("sampling"):
         sample_args = (jax.random.split(sample_key, num_chains), states, parameters)
         sample_compiled = jax.jit(jax.vmap(sample_one)).lower(*sample_args).compile()
-        with clock.executing():
-            draws, steps, divergent, acceptance = _block(sample_compiled(*sample_args))
+        draws, steps, divergent, acceptance = clock.execute(sample_compiled, *sample_args)
     return SamplerRun(
         draws=np.asarray(draws),
         num_grads_warmup=np.asarray(grads_warmup),
@@ -252,10 +250,10 @@ def _numpyro_sampling_execution(mcmc, sample_key, num_samples: int, draws: np.nd
     clock = CompileClock()
     with clock.phase("rerun"):
         compiled = jax.jit(loop).lower(state).compile()
-        with clock.executing():
-            z = _block(compiled(state))
+        z = clock.execute(compiled, state)
     z = np.swapaxes(np.asarray(z), 0, 1).reshape(draws.shape)
-    record = {"sampling_mcmc_run_s": float(mcmc_run_s), "retime_compile_s": float(clock.compile_s["rerun"])}
+    record = {"sampling_mcmc_run_s": float(mcmc_run_s), "retime_compile_s": float(clock.compile_s["rerun"]),
+              "retime_repeat_s": clock.repeat_s["rerun"]}
     if _same_draws(z, draws):
         record.update(sampling_timed_by="aot_rerun", sampling_s=float(clock.run_s["rerun"]))
     else:
@@ -321,13 +319,11 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
         with clock.executing():  # the chains' initial checks (net of the compile events inside)
             state = _block(engine.init(jnp.asarray(positions), init_key))
         warm = scan.lower(engine.step, warm_key, state, num_warmup, False).compile()
-        with clock.executing():
-            state, warm_info = _block(warm(warm_key, state))
+        state, warm_info = clock.execute(warm, warm_key, state)
     with clock.phase("sampling"):
         draw = jax.jit(engine.scan_draws, static_argnums=(2, 3)).lower(
             sample_key, state, num_samples, num_warmup).compile()
-        with clock.executing():
-            state, (samples, sample_info) = _block(draw(sample_key, state))
+        state, (samples, sample_info) = clock.execute(draw, sample_key, state)
     info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
     num_chains = positions.shape[0]
     draws = np.swapaxes(np.asarray(samples), 0, 1).reshape(num_chains, num_samples, -1)
@@ -474,8 +470,7 @@ def run_chees(rng_key, model, positions, num_warmup, num_samples, **options) -> 
 
     with clock.phase("sampling"):
         sample_compiled = jax.jit(sample_all).lower(sample_key, states).compile()
-        with clock.executing():
-            draws, steps, divergent, acceptance = _block(sample_compiled(sample_key, states))
+        draws, steps, divergent, acceptance = clock.execute(sample_compiled, sample_key, states)
     steps = np.asarray(steps)  # (num_samples, chains)
     return SamplerRun(
         draws=np.swapaxes(np.asarray(draws), 0, 1),

@@ -203,6 +203,34 @@ def test_compile_clock_counts_only_the_marked_stretches_as_run_time():
             pass
 
 
+def test_compile_clock_times_a_short_call_by_the_median_of_repeats(monkeypatch):
+    """``execute``: a call under REPEAT_BELOW_S runs REPEATS times, the median is its run time and the
+    repeats' wall time is not the phase's; a longer call runs once."""
+    pytest.importorskip("jax")
+    import time
+
+    from benchmarks import metrics
+
+    sleeps = iter([0.04, 0.01, 0.02, 0.08, 0.02, 0.2])
+
+    def compiled(x):
+        time.sleep(next(sleeps))
+        return x
+
+    monkeypatch.setattr(metrics, "REPEAT_BELOW_S", 0.1)
+    clock = metrics.CompileClock()
+    with clock.phase("short"):
+        time.sleep(0.03)
+        assert clock.execute(compiled, 7) == 7
+    assert len(clock.repeat_s["short"]) == metrics.REPEATS == 5
+    assert clock.run_s["short"] == pytest.approx(0.02, abs=0.008)
+    assert clock.wall_s["short"] == pytest.approx(0.03 + 0.04, abs=0.02)  # not the 0.13 s of the repeats
+    with clock.phase("long"):
+        clock.execute(compiled, 1)
+    assert clock.repeat_s["long"] == [pytest.approx(0.2, abs=0.05)] and clock.run_s["long"] >= 0.19
+    assert next(sleeps, None) is None and clock.as_dict()["repeat_s"]["short"] == clock.repeat_s["short"]
+
+
 @pytest.mark.parametrize("sampler", ["numpyro_nuts", "ahmc_numpyro"])
 def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler, monkeypatch):
     """The NumPyro runners time a compiled re-run of the sampling phase, which must reproduce MCMC.run's
