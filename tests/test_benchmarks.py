@@ -596,3 +596,19 @@ def test_engine_overhead_script_times_the_three_ways_and_writes_its_table(tmp_pa
         assert row[way]["steps_per_chain_iteration"] >= 1
     assert json.loads(output.read_text())["models"][0]["model"] == "corr_gauss_2"
     assert "| corr_gauss_2 | 2 | 4 |" in output.with_suffix(".md").read_text()
+
+
+def test_grid_ceiling_script_scores_every_arm_and_rechecks_the_best(tmp_path):
+    pytest.importorskip("jax")
+    from benchmarks import grid_ceiling
+
+    out = tmp_path / "ceiling.json"
+    results = grid_ceiling.main(["--models", "std_gauss_10", "--num-warmup", "100", "--num-samples", "60",
+                                 "--max-steps", "2", "--recheck", "2", "--recheck-seeds", "2", "--output", str(out)])
+    (row,) = results["models"]
+    assert len(row["grid_scores"]) == len(grid_ceiling.STEP_SIZE_FACTORS) * 2
+    assert all(np.isfinite(s) and s > 0 for s in row["grid_scores"])
+    assert [c["grid_score"] for c in row["rechecks"]] == sorted(row["grid_scores"], reverse=True)[:2]
+    assert row["ceiling"] == max(c["recheck_mean"] for c in row["rechecks"])
+    assert all(len(c["recheck_scores"]) == 2 for c in row["rechecks"])
+    assert out.exists() and "ceiling" in out.with_suffix(".md").read_text()
