@@ -66,7 +66,12 @@ SCHEMA_VERSION = 1
 # diamonds alone takes NUTS ~10 minutes) joins in --full or by name.
 QUICK_MODELS = ["pima", "ripley", "breast_cancer", "std_gauss_10", "diag_gauss_10", "corr_gauss_2", "lgcp_16"]
 FULL_MODELS = list(MODELS)
+# ARMHMC (O(d^3) per metric evaluation) joins in --full or by name: on breast cancer (d = 31) it
+# takes minutes, which the quick default cannot afford.
+RMHMC_SAMPLERS = ("armhmc",)
+RMHMC_MODEL_NAMES = ("pima", "ripley", "breast_cancer")
 DEFAULT_SAMPLERS = list(SAMPLERS)
+QUICK_SAMPLERS = [name for name in SAMPLERS if name not in RMHMC_SAMPLERS]
 NUTS_SAMPLERS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie")  # the baselines of the ratio column
 PYMC_SAMPLERS = ("ahmc_pymc", "pymc_nuts", "nutpie")  # need the model's PyMC version
 # Above this dimension the per-coordinate ESS and R-hat arrays stay out of the JSON (lgcp_64 has
@@ -175,6 +180,9 @@ def skip_reason(sampler_name: str, model) -> str | None:
     """Why ``sampler_name`` does not run on ``model`` (None if it does)."""
     if sampler_name in PYMC_SAMPLERS and model.name not in PYMC_MODEL_NAMES:
         return f"no PyMC version of {model.name} (benchmarks/pymc_models.py)"
+    if sampler_name in RMHMC_SAMPLERS and model.name not in RMHMC_MODEL_NAMES:
+        return ("ARMHMC runs where the paper applies it, the logistic regressions (Fisher metric); "
+                "the funnel and the fixed-parameter RMHMC are in benchmarks.rmhmc")
     return None
 
 
@@ -558,7 +566,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.models is None:
         args.models = FULL_MODELS if args.full else QUICK_MODELS
     if args.samplers is None:
-        args.samplers = DEFAULT_SAMPLERS
+        args.samplers = DEFAULT_SAMPLERS if args.full else QUICK_SAMPLERS
     if args.output is None:
         args.output = RESULTS_DIR / f"bench_{'full' if args.full else 'quick'}.json"
     unknown = [name for name in args.sampler_options if name not in SAMPLERS]

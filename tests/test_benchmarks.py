@@ -612,3 +612,17 @@ def test_grid_ceiling_script_scores_every_arm_and_rechecks_the_best(tmp_path):
     assert row["ceiling"] == max(c["recheck_mean"] for c in row["rechecks"])
     assert all(len(c["recheck_scores"]) == 2 for c in row["rechecks"])
     assert out.exists() and "ceiling" in out.with_suffix(".md").read_text()
+
+
+def test_armhmc_runs_on_the_logistic_regressions_and_is_skipped_elsewhere():
+    jax = pytest.importorskip("jax")
+    model = models.get_model("ripley")
+    positions = models.initial_positions(model, 2, 0)
+    out = run.SAMPLERS["armhmc"](jax.random.key(0), model, positions, 40, 20)
+    assert out.draws.shape == (2, 20, model.dim) and np.all(np.isfinite(out.draws))
+    # every leapfrog step costs at least one gradient and the metric's evaluations on top
+    assert np.all(out.num_grads_sampling >= 20) and out.extra["units_per_draw"] > out.extra["leapfrog_steps_per_draw"]
+    assert out.timing["sampling_time_estimated"] is True
+    assert run.skip_reason("armhmc", models.get_model("corr_gauss_2")).startswith("ARMHMC runs where")
+    assert run.skip_reason("armhmc", model) is None
+    assert "armhmc" not in run.parse_args([]).samplers and "armhmc" in run.parse_args(["--full"]).samplers
