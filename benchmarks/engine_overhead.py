@@ -24,7 +24,6 @@ on this machine's 2 shared cores: compare the columns of one run, not runs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -143,7 +142,7 @@ def main(argv=None) -> dict:
 
     jax.config.update("jax_enable_x64", True)
     from . import models as bench_models
-    from .run import environment
+    from .run import save_study
 
     rows = []
     for name in args.models.split(","):
@@ -151,13 +150,7 @@ def main(argv=None) -> dict:
         rows.append(measure(bench_models.get_model(name), num_warmup=args.num_warmup,
                             num_iterations=args.num_iterations, repeats=args.repeats))
     args.seed = 0
-    env = environment(args, argv)
-    env["command"] = env["command"].replace("benchmarks.run", "benchmarks.engine_overhead")
-    results = {"environment": env, "models": rows}
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=1))
-    output.with_suffix(".md").write_text(markdown(results))
+    results = save_study(args, argv, "engine_overhead", rows, markdown, args.output)
     print(markdown(results))
     return results
 

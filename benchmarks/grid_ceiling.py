@@ -21,7 +21,6 @@ Writes ``benchmarks/results/grid_ceiling.{json,md}``.  ESS per gradient only, no
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -156,25 +155,18 @@ def main(argv=None) -> dict:
 
     jax.config.update("jax_enable_x64", True)
     from . import models as bench_models
-    from .run import environment
+    from .run import save_study
 
     rows = []
     for name in args.models.split(","):
         start = time.time()
         print(f"{name} ...", flush=True)
-        rows.append(measure(bench_models.get_model(name), num_warmup=args.num_warmup, num_samples=args.num_samples, max_steps=args.max_steps,
-                            recheck=args.recheck, recheck_seeds=args.recheck_seeds, seed=args.seed))
+        rows.append(measure(bench_models.get_model(name), num_warmup=args.num_warmup,
+                            num_samples=args.num_samples, max_steps=args.max_steps, recheck=args.recheck,
+                            recheck_seeds=args.recheck_seeds, seed=args.seed))
         print(f"  ceiling {rows[-1]['ceiling']:.4f} at {rows[-1]['ceiling_arm']} ({time.time() - start:.0f} s)",
               flush=True)
-    env = environment(args, argv)
-    env["command"] = env["command"].replace("benchmarks.run", "benchmarks.grid_ceiling")
-    results = {"environment": env, "models": rows}
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    out.with_suffix(".md").write_text(markdown(results))
-    print(f"wrote {out} and {out.with_suffix('.md')}")
-    return results
+    return save_study(args, argv, "grid_ceiling", rows, markdown, args.output)
 
 
 if __name__ == "__main__":

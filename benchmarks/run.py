@@ -46,7 +46,7 @@ import traceback
 import zlib
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -136,6 +136,23 @@ def environment(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
     }
+
+
+def save_study(args: argparse.Namespace, argv: list[str], script: str, rows: list, markdown: Callable,
+               output) -> dict[str, Any]:
+    """Write a side study's rows with the environment as ``output`` (JSON) and ``markdown(results)`` beside it.
+
+    For the scripts beside the main benchmark (``benchmarks.<script>``); ``args.seed`` is recorded.
+    """
+    env = environment(args, argv)
+    env["command"] = env["command"].replace("benchmarks.run", f"benchmarks.{script}")
+    results = {"environment": env, "models": rows}
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=1))
+    output.with_suffix(".md").write_text(markdown(results))
+    print(f"wrote {output} and {output.with_suffix('.md')}")
+    return results
 
 
 # --------------------------------------------------------------------------- #
