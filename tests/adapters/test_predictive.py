@@ -198,14 +198,18 @@ def test_cross_validate_checks_its_input():
 
 
 # ------------------------------------------------------------------ the examples, quick mode
+# About a minute each (both samplers on a whole example), so they run with `-m slow` to keep the
+# default suite within CI's 15 minutes; the predictive machinery they use is tested above.
 
 
+@pytest.mark.slow
 def test_robot_arm_quick_run_predicts_far_better_than_the_mean():
     result = load_example("robot_arm").main(quick=True, seed=0)
     assert result["ahmc"]["test_mse_ensemble"] < 0.1 * result["predict_mean_mse"]
     assert result["nuts"]["test_mse"] < 0.1 * result["predict_mean_mse"]
 
 
+@pytest.mark.slow
 def test_bnn_classification_quick_run_beats_the_majority_class():
     result = load_example("bnn_classification").main(quick=True, seed=0)
     assert result["ahmc"]["test_error_majority_vote"] < 0.5 * result["majority_class_error"]
