@@ -234,7 +234,8 @@ class CompileClock:
         self.run_s: dict[str, float] = {}
         self.repeat_s: dict[str, list[float]] = {}
         self._marks: list[tuple[float, float]] | None = None
-        self._set_aside = 0.0
+        self._set_aside = 0.0  # wall time of execute()'s repeats in the current phase
+        self._phase: str | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
