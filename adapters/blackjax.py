@@ -29,12 +29,13 @@ Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`)
 ``step_size_bounds``, ``num_steps_bounds`` (user box; default automatic),
 ``adapt_mass_matrix``, ``inverse_mass_matrix``, ``pooled``, ``round_length``,
 ``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
-``objective``, ``divergence_penalty``, ``schedule``, ``k``, ``freeze_after``, ``target_acceptance_rate``,
+``objective``, ``divergence_penalty``, ``min_steps_fraction`` (``L_t ~ U{ceil(f L)..L}``; 0 = the
+paper's ``U{1..L}``), ``schedule``, ``k``, ``freeze_after``, ``target_acceptance_rate``,
 GP settings (``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``,
 ``delta``), ``integrator``, ``divergence_threshold``, ``restart_lost_chains``
 (warm-up restarts a chain lost far below the others; 3+ chains).  ``paper_preset=True``
 selects Algorithm 2 as published (identity mass matrix, GP from the first
-round, linear step-size grid, ``k = 100``, no divergence penalty; requires the two bounds).
+round, linear step-size grid, ``k = 100``, no divergence penalty, ``U{1..L}``; requires the two bounds).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         'ahmc.adapters.blackjax needs JAX and BlackJAX: pip install "ahmc[blackjax]"'
     ) from err
 
-from ahmc.core import TunerState
+from ahmc.core import TunerState, check_min_steps_fraction, min_num_steps
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, _scan, build_engine
 from ._jax_engine import sample as _sample
@@ -79,7 +80,8 @@ __all__ = [
     "SearchBox",
 ]
 
-PAPER_PRESET = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0}
+PAPER_PRESET = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0,
+                "min_steps_fraction": 0.0}
 
 
 class GPUCBAdaptationInfo(NamedTuple):
@@ -119,12 +121,15 @@ def uniform_steps_hmc(
     step_size: float,
     inverse_mass_matrix,
     num_integration_steps: int,
+    min_steps_fraction: float = 0.0,
     **kwargs,
 ) -> SamplingAlgorithm:
     """HMC drawing its number of leapfrog steps uniformly from ``{1..num_integration_steps}``.
 
     The kernel AHMC tunes (a mixture of HMC kernels, each reversible, so the
-    mixture leaves the target invariant).  Built on ``blackjax.dynamic_hmc``;
+    mixture leaves the target invariant).  With ``min_steps_fraction = f`` the
+    draw is from ``{max(1, ceil(f L))..L}`` instead (the adaptation's
+    ``parameters`` carry the ``f`` it ran with).  Built on ``blackjax.dynamic_hmc``;
     ``init(position, rng_key)`` needs a key (it seeds the step-count draws).
     ``kwargs`` go to ``blackjax.dynamic_hmc`` (``integrator``,
     ``divergence_threshold``).
@@ -136,8 +141,11 @@ def uniform_steps_hmc(
     >>> state, info = jax.vmap(kernel.step)(jax.random.split(key, num_chains), state)       # doctest: +SKIP
     """
 
+    fraction = check_min_steps_fraction(min_steps_fraction)
+
     def integration_steps_fn(random_generator_arg, max_num_steps):
-        return jax.random.randint(random_generator_arg, (), 1, max_num_steps + 1)
+        lowest = min_num_steps(max_num_steps, fraction, jnp)
+        return jax.random.randint(random_generator_arg, (), lowest, max_num_steps + 1)
 
     return blackjax.dynamic_hmc(
         logdensity_fn,
@@ -250,6 +258,7 @@ def uniform_steps_rmhmc(
     step_size: float,
     num_integration_steps: int,
     *,
+    min_steps_fraction: float = 0.0,
     metric: Any = "softabs",
     softabs_alpha: float = DEFAULT_SOFTABS_ALPHA,
     fixed_point_tolerance: float | None = None,
@@ -274,6 +283,7 @@ def uniform_steps_rmhmc(
                                max_fixed_point_iterations=max_fixed_point_iterations,
                                divergence_threshold=divergence_threshold)
     max_steps = jnp.asarray(num_integration_steps, jnp.int32)
+    lowest = min_num_steps(max_steps, check_min_steps_fraction(min_steps_fraction), jnp)
 
     def init(position, rng_key=None):
         del rng_key
@@ -281,7 +291,7 @@ def uniform_steps_rmhmc(
 
     def step(rng_key, state):
         key_steps, key_kernel = jax.random.split(rng_key)
-        num = jax.random.randint(key_steps, (), 1, max_steps + 1)
+        num = jax.random.randint(key_steps, (), lowest, max_steps + 1)
         return kernel(key_kernel, state, logdensity_fn, step_size, None, num)
 
     return SamplingAlgorithm(init, step)
@@ -289,7 +299,8 @@ def uniform_steps_rmhmc(
 
 def _rmhmc_parameters(engine, state) -> dict:
     parameters = engine.parameters(state)
-    return {"step_size": parameters["step_size"], "num_integration_steps": parameters["num_integration_steps"]}
+    return {"step_size": parameters["step_size"], "num_integration_steps": parameters["num_integration_steps"],
+            "min_steps_fraction": parameters["min_steps_fraction"]}
 
 
 def gpucb_rmhmc_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **options) -> AdaptationAlgorithm:

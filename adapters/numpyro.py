@@ -47,7 +47,8 @@ class AdaptiveHMCState(NamedTuple):
     accept_prob        Metropolis acceptance probability
     diverging          whether the transition diverged
     step_size          step size used
-    max_steps          the tuner's arm ``L`` (steps are drawn from ``{1..L}``)
+    max_steps          the tuner's arm ``L`` (steps are drawn from ``{1..L}``, or from
+                       ``{ceil(f L)..L}`` with ``min_steps_fraction=f``)
     reward             reward fed to the tuner at a round's end, else NaN
     tuning_round       GP round of this iteration (0 before the GP phase)
     arm_changed        whether the tuner moved the arm after this iteration
@@ -96,8 +97,8 @@ class AdaptiveHMC(MCMCKernel):
         Tuning knobs, the same names and defaults as the BlackJAX routine
         (:func:`ahmc.adapters.blackjax.gpucb_adaptation`): ``step_size_bounds``,
         ``num_steps_bounds``, ``adapt_mass_matrix``, ``round_length``,
-        ``objective``, ``divergence_penalty``, ``schedule``, ``k``, ``freeze_after`` (rounds, or
-        ``"warmup"``), ``pooled`` (vectorized chains only), and the GP settings
+        ``objective``, ``divergence_penalty``, ``min_steps_fraction``, ``schedule``, ``k``,
+        ``freeze_after`` (rounds, or ``"warmup"``), ``pooled`` (vectorized chains only), and the GP settings
         ``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``, ``delta``.
         ``restart_lost_chains`` (default True): with 3+ vectorized chains the
         warm-up restarts a chain lost far below the others from another

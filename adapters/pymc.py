@@ -65,8 +65,8 @@ from pymc.vartypes import discrete_types  # noqa: E402
 from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, adapt_probability, get_objective, gp_ucb, round_init,
-                       round_update, search_space)
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, adapt_probability, check_min_steps_fraction, get_objective,
+                       gp_ucb, min_num_steps, round_init, round_update, search_space)
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -79,7 +79,8 @@ STATS = (
     ("step_size", np.float64, [], "step size eps used in this iteration"),
     ("step_size_bar", np.float64, [], "PyMC's dual-averaged step size (moves in warm-up only)"),
     ("n_steps", np.int64, [], "leapfrog steps (gradient evaluations) taken"),
-    ("max_steps", np.int64, [], "L of the arm: n_steps is uniform on {1..max_steps}"),
+    ("max_steps", np.int64, [], "L of the arm: n_steps is uniform on {lowest..max_steps}, lowest = "
+                                "max(1, ceil(min_steps_fraction * max_steps)) (1 by default)"),
     ("accept", np.float64, [], "Metropolis acceptance probability"),
     ("accepted", np.float64, [], "1.0 if the proposal was accepted (float, like Metropolis)"),
     ("diverging", bool, [], "the trajectory diverged"),
@@ -150,6 +151,10 @@ class AdaptiveHMC(BaseHMC):
     divergence_penalty : float
         The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the round's
         fraction of divergent transitions (default 10; 0 = the paper's reward).
+    min_steps_fraction : float
+        ``n_steps`` is uniform on ``{max(1, ceil(f L))..L}``: 0 (default) is the paper's
+        ``{1..L}``; 0.5 the upper half, which gives more ESS of the means per gradient and
+        less of the variances (README, "Leapfrog jitter").
     schedule : {"inverse_sqrt", "exponential"}
         Annealing of the adaptation probability ``p_i``; ``decay`` is the exponential's rate.
     k : int, optional
@@ -192,7 +197,7 @@ class AdaptiveHMC(BaseHMC):
                  step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
                  num_steps_cap=256, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
                  lengthscale=0.2, noise_variance=PYMC_HMC_DEFAULTS["noise_variance"], alpha=4.0, delta=0.1,
-                 model=None, **kwargs):
+                 min_steps_fraction=0.0, model=None, **kwargs):
         model = modelcontext(model)
         value_vars = model.continuous_value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         discrete = [v.name for v in value_vars if v.dtype in discrete_types]
@@ -234,6 +239,7 @@ class AdaptiveHMC(BaseHMC):
         self._step_size_factors, self._num_step_sizes = tuple(step_size_factors), int(num_step_sizes)
         self._max_time, self._warmup_time = float(max_integration_time), float(warmup_integration_time)
         self._num_steps_cap = int(num_steps_cap)
+        self._min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
 
         super().__init__(vars, model=model, **kwargs)
         if "potential" not in kwargs and "scaling" not in kwargs:  # replace BaseHMC's default metric
@@ -348,7 +354,8 @@ class AdaptiveHMC(BaseHMC):
             max_steps = self._steps_for(self._warmup_time, step_size)
         else:
             step_size, max_steps = self._arm
-        n_steps = 1 + int(self.rng.random() * max_steps)  # uniform on {1..max_steps}; cheaper than integers()
+        lowest = int(min_num_steps(max_steps, self._min_steps_fraction)) if self._min_steps_fraction else 1
+        n_steps = lowest + int(self.rng.random() * (max_steps - lowest + 1))  # uniform on {lowest..max_steps}
         state = last = start
         div_info, energy_change, taken = None, np.inf, 0
         try:

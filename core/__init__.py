@@ -23,7 +23,7 @@ from .objectives import (
     round_update,
     with_divergence_penalty,
 )
-from .space import SearchSpace, search_space
+from .space import SearchSpace, check_min_steps_fraction, min_num_steps, search_space
 from .tuner import Surrogate, Tuner, TunerInfo, TunerState, adapt_probability, gp_ucb, ucb_beta
 
 __all__ = [
@@ -44,6 +44,8 @@ __all__ = [
     "normalized_esjd",
     "round_init",
     "round_update",
+    "check_min_steps_fraction",
+    "min_num_steps",
     "search_space",
     "ucb_beta",
     "with_divergence_penalty",

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["SearchSpace", "search_space"]
+__all__ = ["SearchSpace", "check_min_steps_fraction", "min_num_steps", "search_space"]
 
 
 class SearchSpace(NamedTuple):
@@ -71,6 +71,31 @@ class SearchSpace(NamedTuple):
         """Index of the arm at the middle of the box (the default first arm)."""
         g, h = self.shape
         return (g // 2) * h + (h - 1) // 2
+
+
+def check_min_steps_fraction(value) -> float:
+    """Validate ``min_steps_fraction`` (a number in [0, 1]) and return it as a float."""
+    try:
+        number = None if isinstance(value, bool) else float(value)  # also a concrete 0-d array
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not 0.0 <= number <= 1.0:
+        raise ValueError(
+            f"min_steps_fraction must be a number in [0, 1] (0: the paper's L_t ~ U{{1..L}}; 0.5: "
+            f"U{{ceil(L/2)..L}}; a static Python number); got {value!r}.")
+    return number
+
+
+def min_num_steps(max_num_steps, fraction: float, xp=np):
+    """Lowest leapfrog count of an iteration: ``L_t ~ U{min_num_steps..L}``.
+
+    ``max(1, ceil(fraction * L))``: ``fraction = 0`` is the paper's ``U{1..L}``,
+    ``0.5`` gives ``U{ceil(L/2)..L}`` and ``1`` a fixed ``L``.  ``max_num_steps``
+    may be a traced integer array (``xp = jax.numpy``); ``fraction`` is static.
+    The small offset keeps ``ceil`` from rounding up float noise (0.3 * 10).
+    """
+    lowest = xp.ceil(fraction * max_num_steps - 1e-9)
+    return xp.maximum(lowest, 1).astype(xp.asarray(max_num_steps).dtype)
 
 
 def _check_bounds(name: str, bounds, *, integer: bool) -> tuple[float, float]:

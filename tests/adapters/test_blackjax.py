@@ -94,6 +94,40 @@ def test_shared_num_steps_samples_the_target():
     assert abs(taken[sampling, 0].mean() / ((arm[sampling, 0] + 1) / 2).mean() - 1) < 0.1
 
 
+def test_upper_half_jitter_samples_the_target_and_stays_in_range():
+    """min_steps_fraction=0.5: L_t ~ U{ceil(L/2)..L} in warm-up and sampling; means and variances exact."""
+    scales = jnp.asarray(np.logspace(-2, 2, 10))
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / scales) ** 2)
+
+    samples, info = run_chains(jax.random.key(42), logdensity, initial_positions(43, 10), 1000, 2000,
+                               min_steps_fraction=0.5)
+    assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
+    taken, arm = np.asarray(info.num_integration_steps), np.asarray(info.num_steps)
+    lowest = np.ceil(arm / 2)
+    assert np.all((taken >= lowest) & (taken <= arm))
+    assert np.any(taken == lowest) and np.any((taken == arm) & (arm > 1))  # both ends drawn: a jitter, not fixed L
+    # Its mean is (ceil(L/2) + L) / 2 (the paper's jitter would give (1 + L) / 2).
+    assert abs(taken.mean() / ((lowest + arm) / 2).mean() - 1) < 0.05
+
+
+def test_min_steps_fraction_reaches_the_sampling_kernel_and_is_checked():
+    positions = initial_positions(44, 3)
+    warmup = gpucb_adaptation(standard_normal, min_steps_fraction=1.0)  # fixed L: every L_t = L
+    (state, parameters), info = warmup.run(jax.random.key(45), positions, 300)
+    assert parameters["min_steps_fraction"] == 1.0
+    np.testing.assert_array_equal(np.asarray(info.info.num_integration_steps), np.asarray(info.info.num_steps))
+    kernel = uniform_steps_hmc(standard_normal, **parameters)
+    _, step_info = jax.vmap(kernel.step)(jax.random.split(jax.random.key(46), NUM_CHAINS), state)
+    np.testing.assert_array_equal(np.asarray(step_info.num_integration_steps),
+                                  int(parameters["num_integration_steps"]))
+    with pytest.raises(ValueError, match="min_steps_fraction"):
+        adaptive_hmc(standard_normal, min_steps_fraction=2.0)
+    with pytest.raises(ValueError, match="min_steps_fraction"):
+        uniform_steps_hmc(standard_normal, 0.1, jnp.ones(3), 5, min_steps_fraction=-1)
+
+
 # --------------------------------------------------------------------------- #
 # Correctness: posteriordb references
 # --------------------------------------------------------------------------- #
@@ -171,7 +205,8 @@ def warmed_up():
 
 def test_adaptation_returns_blackjax_results(warmed_up):
     state, parameters, info = warmed_up
-    assert set(parameters) == {"step_size", "inverse_mass_matrix", "num_integration_steps"}
+    assert set(parameters) == {"step_size", "inverse_mass_matrix", "num_integration_steps", "min_steps_fraction"}
+    assert parameters["min_steps_fraction"] == 0.0  # the paper's U{1..L}
     assert state.position.shape == (NUM_CHAINS, 5)
     assert info.info.step_size.shape == (600, NUM_CHAINS)
     lo, hi = np.asarray(info.search_box.step_size)

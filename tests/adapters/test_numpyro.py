@@ -95,6 +95,22 @@ def test_parallel_chain_method_agrees_with_the_truth():
     assert "ok" in result.stdout
 
 
+def test_upper_half_jitter_agrees_with_the_truth(x64):
+    """min_steps_fraction=0.5 reaches the engine: num_steps on {ceil(L/2)..L}, the target unchanged."""
+    scales = jnp.array([0.01, 0.3, 1.0, 5.0, 100.0])
+
+    def potential(z):
+        return 0.5 * jnp.sum((z / scales) ** 2)
+
+    mcmc = run(AdaptiveHMC(potential_fn=potential, min_steps_fraction=0.5), seed=7, warmup=1000, samples=1000,
+               init_params=jnp.tile(scales * 0.5, (4, 1)))
+    assert_moments_match(np.asarray(mcmc.get_samples(group_by_chain=True)), np.zeros(5), np.asarray(scales))
+    extra = mcmc.get_extra_fields()
+    taken, arm = np.asarray(extra["num_steps"]), np.asarray(extra["max_steps"])
+    lowest = np.ceil(arm / 2)
+    assert np.all((taken >= lowest) & (taken <= arm)) and np.any(taken == lowest)
+
+
 def test_same_key_same_draws_and_different_key_different_draws():
     a = run(AdaptiveHMC(normal_model), DATA, seed=5, warmup=100, samples=50).get_samples()["mu"]
     b = run(AdaptiveHMC(normal_model), DATA, seed=5, warmup=100, samples=50).get_samples()["mu"]
@@ -168,5 +184,7 @@ def test_non_finite_initial_density_and_bad_knobs_raise():
             init_params=jnp.zeros(2))
     with pytest.raises(ValueError, match="exactly one"):
         AdaptiveHMC()
+    with pytest.raises(ValueError, match="min_steps_fraction"):
+        AdaptiveHMC(normal_model, min_steps_fraction=-0.5)
     with pytest.raises(ValueError, match="step_size bounds are reversed"):
         AdaptiveHMC(normal_model, step_size_bounds=(1.0, 0.1), num_steps_bounds=(1, 10))

@@ -68,6 +68,17 @@ def test_gaussian_moments():
     assert_moments_match(idata.posterior["x"].values, np.zeros(len(SCALES)), SCALES)
 
 
+def test_upper_half_jitter_moments_and_step_counts():
+    """min_steps_fraction=0.5: n_steps uniform on {ceil(L/2)..L} in tune and draws; the target is unchanged."""
+    idata = sample(gaussian_model(), random_seed=12, discard_tuned_samples=False,
+                   step_kwargs=dict(min_steps_fraction=0.5), **CORRECTNESS)
+    assert_moments_match(idata.posterior["x"].values, np.zeros(len(SCALES)), SCALES)
+    for stats in (idata.warmup_sample_stats, idata.sample_stats):
+        taken, arm = stats["n_steps"].values, stats["max_steps"].values
+        lowest = np.ceil(arm / 2)
+        assert np.all((taken >= lowest) & (taken <= arm)) and np.any(taken == lowest)
+
+
 @pytest.mark.parametrize("name", [
     "eight_schools-eight_schools_noncentered",
     "kidiq-kidscore_momiq",
@@ -244,6 +255,7 @@ def test_discrete_variable_is_refused_with_a_hint():
     (dict(round_length=0), "round_length"),
     (dict(freeze_after="never"), "freeze_after"),
     (dict(lengthscale=-1.0), "lengthscale"),
+    (dict(min_steps_fraction=1.5), r"min_steps_fraction must be a number in \[0, 1\]"),
 ])
 def test_bad_options_raise_before_sampling(kwargs, match):
     with gaussian_model(), pytest.raises(ValueError, match=match):

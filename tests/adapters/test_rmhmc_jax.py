@@ -304,7 +304,7 @@ def test_constant_metric_is_plain_dense_hmc():
 def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
     warmup = gpucb_rmhmc_adaptation(correlated_gaussian)
     (state, parameters), adaptation = warmup.run(jax.random.key(11), starts(12, 2), 400)
-    assert set(parameters) == {"step_size", "num_integration_steps"}
+    assert set(parameters) == {"step_size", "num_integration_steps", "min_steps_fraction"}
     assert adaptation.info.fixed_point_converged.shape == (400, NUM_CHAINS)
     kernel = uniform_steps_rmhmc(correlated_gaussian, **parameters)
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ahmc.core import search_space
+from ahmc.core import check_min_steps_fraction, min_num_steps, search_space
 
 
 def test_grid_shape_and_end_points():
@@ -58,3 +58,19 @@ def test_arm_index_round_trip():
 def test_bad_bounds_raise_value_error_naming_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         search_space(**kwargs)
+
+
+def test_min_num_steps_gives_the_lower_end_of_the_jitter():
+    max_steps = np.arange(1, 11)
+    np.testing.assert_array_equal(min_num_steps(max_steps, 0.0), np.ones(10))  # the paper's U{1..L}
+    np.testing.assert_array_equal(min_num_steps(max_steps, 0.5), [1, 1, 2, 2, 3, 3, 4, 4, 5, 5])  # ceil(L/2)
+    np.testing.assert_array_equal(min_num_steps(max_steps, 1.0), max_steps)  # fixed L
+    assert int(min_num_steps(np.int64(10), 0.3)) == 3  # 0.3 * 10 = 3.0000000000000004 must not round up
+    assert min_num_steps(max_steps.astype(np.int32), 0.5).dtype == np.int32
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, float("nan"), "half", None, True])
+def test_bad_min_steps_fraction_names_the_argument(value):
+    with pytest.raises(ValueError, match=r"min_steps_fraction must be a number in \[0, 1\]"):
+        check_min_steps_fraction(value)
+    assert check_min_steps_fraction(np.float32(0.5)) == 0.5
