@@ -626,3 +626,32 @@ def test_armhmc_runs_on_the_logistic_regressions_and_is_skipped_elsewhere():
     assert run.skip_reason("armhmc", models.get_model("corr_gauss_2")).startswith("ARMHMC runs where")
     assert run.skip_reason("armhmc", model) is None
     assert "armhmc" not in run.parse_args([]).samplers and "armhmc" in run.parse_args(["--full"]).samplers
+
+
+def test_jitter_study_runs_nuts_once_per_seed_and_divides_means_and_squares_by_the_best_nuts(monkeypatch, tmp_path):
+    from benchmarks import jitter
+
+    calls = []
+    # (means, squares) per sampler and fraction; NUTS only in the first fraction's run
+    values = {0.0: {"nuts_a": (0.1, 0.2), "nuts_b": (0.2, 0.1), "ahmc": (0.3, 0.3)},
+              0.5: {"ahmc": (0.5, 0.1)}}
+
+    def fake_main(argv):
+        calls.append(argv)
+        fraction = json.loads(argv[argv.index("--sampler-options") + 1])["ahmc"]["min_steps_fraction"]
+        samplers = argv[argv.index("--samplers") + 1].split(",")
+        return {"environment": {"cpu_model": "cpu", "nproc": 2},
+                "runs": [{"model": "m", "sampler": s, "status": "ok",
+                          "metrics": {"ess_per_grad": {"min": values[fraction][s][0]},
+                                      "ess_per_grad_squares": {"min": values[fraction][s][1]}}}
+                         for s in samplers]}
+
+    monkeypatch.setattr(jitter.bench, "main", fake_main)
+    summary = jitter.main(["--models", "m", "--fractions", "0,0.5", "--sampler", "ahmc", "--nuts", "nuts_a,nuts_b",
+                           "--seeds", "0", "--output", str(tmp_path / "j.json")])
+    assert [call[call.index("--samplers") + 1] for call in calls] == ["nuts_a,nuts_b,ahmc", "ahmc"]
+    row = summary["table"]["m"]
+    assert row["best_nuts_means"] == [0.2] and row["best_nuts_squares"] == [0.2]
+    assert row["f0_means"]["ratio_mean"] == pytest.approx(1.5) and row["f0.5_means"]["ratio_mean"] == pytest.approx(2.5)
+    assert row["f0.5_squares"]["ratio_mean"] == pytest.approx(0.5)
+    assert "| m | 1.50 | 2.50 | 1.50 | 0.50 |" in (tmp_path / "j.md").read_text()
