@@ -6,7 +6,9 @@
 The paper draws ``L_t`` from ``{1..L}`` (``f = 0``).  For each seed: one benchmark run
 (``benchmarks.run``, quick settings) of the NUTS samplers and of the AHMC sampler
 with the first fraction, then one run of the AHMC sampler per further fraction,
-every JSON kept beside the summary (``<output stem>_f<f>_seed<k>.json``).  The
+every JSON kept beside the summary (``<output stem>_f<f>_seed<k>.json``).  The runs are
+made with ``--resume``: a run already in such a file (same settings) is kept, so
+adding a seed to ``--seeds`` runs only the new seed.  The
 summary gives, per model, the min bulk ESS per gradient of the coordinates (means)
 and of their squares (variances) for every fraction, and as a ratio to the best
 NUTS of the same seed: the jitter moves the two in opposite directions.
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
             path = args.output.with_name(f"{args.output.stem}_f{fraction:g}_seed{seed}.json")
             options = json.dumps({args.sampler: {"min_steps_fraction": fraction}})
             results = bench.main(["--models", args.models, "--samplers", ",".join(samplers), "--seed", str(seed),
-                                  "--sampler-options", options, "--output", str(path)])
+                                  "--sampler-options", options, "--output", str(path), "--resume"])
             runs[(fraction, seed)] = min_values(results)
             env = results["environment"]
             environment = environment or f"{env.get('cpu_model', '?')}, {env.get('nproc', '?')} CPUs (shared)"

@@ -650,6 +650,7 @@ def test_jitter_study_runs_nuts_once_per_seed_and_divides_means_and_squares_by_t
     summary = jitter.main(["--models", "m", "--fractions", "0,0.5", "--sampler", "ahmc", "--nuts", "nuts_a,nuts_b",
                            "--seeds", "0", "--output", str(tmp_path / "j.json")])
     assert [call[call.index("--samplers") + 1] for call in calls] == ["nuts_a,nuts_b,ahmc", "ahmc"]
+    assert all("--resume" in call for call in calls)  # a re-run with more seeds keeps the finished runs
     row = summary["table"]["m"]
     assert row["best_nuts_means"] == [0.2] and row["best_nuts_squares"] == [0.2]
     assert row["f0_means"]["ratio_mean"] == pytest.approx(1.5) and row["f0.5_means"]["ratio_mean"] == pytest.approx(2.5)
