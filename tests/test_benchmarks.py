@@ -231,7 +231,7 @@ def test_compile_clock_times_a_short_call_by_the_median_of_repeats(monkeypatch):
     assert next(sleeps, None) is None and clock.as_dict()["repeat_s"]["short"] == clock.repeat_s["short"]
 
 
-@pytest.mark.parametrize("sampler", ["numpyro_nuts", "ahmc_numpyro"])
+@pytest.mark.parametrize("sampler", [pytest.param("numpyro_nuts", marks=pytest.mark.slow), "ahmc_numpyro"])  # same code path
 def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler, monkeypatch):
     """The NumPyro runners time a compiled re-run of the sampling phase, which must reproduce MCMC.run's
     draws; when it does not, MCMC.run's time stands and the record says why."""

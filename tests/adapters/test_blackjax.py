@@ -94,6 +94,7 @@ def test_shared_num_steps_samples_the_target():
     assert abs(taken[sampling, 0].mean() / ((arm[sampling, 0] + 1) / 2).mean() - 1) < 0.1
 
 
+@pytest.mark.slow  # the same engine at f = 0.5: test_numpyro.py::test_upper_half_jitter_agrees_with_the_truth
 def test_upper_half_jitter_samples_the_target_and_stays_in_range():
     """min_steps_fraction=0.5: L_t ~ U{ceil(L/2)..L} in warm-up and sampling; means and variances exact."""
     scales = jnp.asarray(np.logspace(-2, 2, 10))
