@@ -232,12 +232,9 @@ def test_compile_clock_times_a_short_call_by_the_median_of_repeats(monkeypatch):
 
 
 @pytest.mark.parametrize("sampler", [pytest.param("numpyro_nuts", marks=pytest.mark.slow), "ahmc_numpyro"])  # same code path
-def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler, monkeypatch):
-    """The NumPyro runners time a compiled re-run of the sampling phase, which must reproduce MCMC.run's
-    draws; when it does not, MCMC.run's time stands and the record says why."""
+def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler):
+    """The NumPyro runners time a compiled re-run of the sampling phase, which must reproduce MCMC.run's draws."""
     jax = pytest.importorskip("jax")
-    from benchmarks import samplers
-
     model = models.get_model("corr_gauss_2")
     positions = models.initial_positions(model, 2, 0)
     out = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40)
@@ -245,8 +242,17 @@ def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler, 
     assert timing["sampling_timed_by"] == "aot_rerun" and timing["retime_compile_s"] > 0
     assert 0 < timing["sampling_s"] and timing["sampling_mcmc_run_s"] > 0
 
+
+@pytest.mark.slow  # another NumPyro run and re-run, ~10 s
+def test_numpyro_retiming_falls_back_to_mcmc_run_when_the_draws_differ(monkeypatch):
+    """When the re-run does not reproduce MCMC.run's draws, MCMC.run's time stands and the record says why."""
+    jax = pytest.importorskip("jax")
+    from benchmarks import samplers
+
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, 0)
     monkeypatch.setattr(samplers, "_same_draws", lambda a, b: False)  # as if the re-run drew otherwise
-    out = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40)
+    out = run.SAMPLERS["ahmc_numpyro"](jax.random.key(1), model, positions, 50, 40)
     assert out.timing["sampling_timed_by"].startswith("mcmc_run")
     assert out.timing["sampling_s"] == out.timing["sampling_mcmc_run_s"]
 
@@ -265,16 +271,20 @@ def test_same_draws_accepts_rounding_and_rejects_a_different_chain():
     assert _same_draws(single * np.float32(1 + 1e-7), single) and not _same_draws(single + np.float32(1e-3), single)
 
 
+def _tiny_command(output):
+    return [
+        sys.executable, "-m", "benchmarks.run", "--models", "kidiq",
+        "--samplers", "ahmc_blackjax,blackjax_nuts", "--chains", "2", "--num-warmup", "100",
+        "--num-samples", "50", "--seed", "3", "--output", str(output),
+    ]  # fmt: skip
+
+
 def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
     """The harness end to end on a tiny configuration: a posteriordb model, AHMC and NUTS, the report."""
     pytest.importorskip("blackjax")
     pytest.importorskip("matplotlib")
     output = tmp_path / "tiny.json"
-    command = [
-        sys.executable, "-m", "benchmarks.run", "--models", "kidiq",
-        "--samplers", "ahmc_blackjax,blackjax_nuts", "--chains", "2", "--num-warmup", "100",
-        "--num-samples", "50", "--seed", "3", "--output", str(output),
-    ]  # fmt: skip
+    command = _tiny_command(output)
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[1/2] kidiq / ahmc_blackjax" in done.stdout and "[2/2] kidiq / blackjax_nuts" in done.stdout
@@ -309,8 +319,22 @@ def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
     for figure in ("tiny_fig2_boxes_1.png", "tiny_fig3_ahmc_vs_nuts.png", "tiny_fig_tuning.png"):
         assert f"]({figure})" in report and (tmp_path / figure).stat().st_size > 10_000
 
-    # --resume keeps the finished runs and runs only the new model; other settings are refused.
-    first = results
+    # --resume with other settings is refused before anything runs (resuming itself: the slow test below).
+    refused = subprocess.run([*command[:-2], "--output", str(output), "--num-samples", "60", "--resume"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "different num_samples" in refused.stderr
+
+
+@pytest.mark.slow  # three benchmark runs in subprocesses, ~60 s
+def test_tiny_run_resumes_with_a_new_model(tmp_path):
+    """--resume keeps the finished runs and runs only the new model."""
+    pytest.importorskip("blackjax")
+    output = tmp_path / "tiny.json"
+    command = _tiny_command(output)
+    done = subprocess.run([*command, "--no-figures"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = json.loads(output.read_text())
+    env = first["environment"]
     resumed = subprocess.run(
         [*command[:4], "kidiq,corr_gauss_2", *command[5:], "--resume", "--no-figures"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -323,9 +347,6 @@ def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
     assert results["runs"][:2] == first["runs"] and results["complete"]
     assert results["environment"]["earlier_invocations"][0]["command"] == env["command"]
     assert "Resumed (`--resume`) from" in output.with_suffix(".md").read_text()
-    refused = subprocess.run([*command[:-2], "--output", str(output), "--num-samples", "60", "--resume"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert refused.returncode != 0 and "different num_samples" in refused.stderr
 
 
 def test_chees_runner_counts_every_chain():
@@ -582,6 +603,7 @@ def test_seed_spread_passes_options_through_and_divides_by_the_baseline_of_each_
     assert "1.75 (1.50-2.00)" in (tmp_path / "s.md").read_text()
 
 
+@pytest.mark.slow  # a study script, ~14 s
 def test_engine_overhead_script_times_the_three_ways_and_writes_its_table(tmp_path):
     pytest.importorskip("blackjax")
     from benchmarks import engine_overhead

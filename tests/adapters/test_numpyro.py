@@ -114,9 +114,14 @@ def test_upper_half_jitter_agrees_with_the_truth(x64):
 
 
 def test_same_key_same_draws_and_different_key_different_draws():
-    a = run(AdaptiveHMC(normal_model), DATA, seed=5, warmup=100, samples=50).get_samples()["mu"]
-    b = run(AdaptiveHMC(normal_model), DATA, seed=5, warmup=100, samples=50).get_samples()["mu"]
-    c = run(AdaptiveHMC(normal_model), DATA, seed=6, warmup=100, samples=50).get_samples()["mu"]
+    # One MCMC object run three times (its compiled sampler is cached, which keeps the test short);
+    # a kernel that kept state from one run to the next would fail the first comparison.
+    mcmc = run(AdaptiveHMC(normal_model), DATA, seed=5, warmup=100, samples=50)
+    a = mcmc.get_samples()["mu"]
+    mcmc.run(jax.random.key(5), DATA)
+    b = mcmc.get_samples()["mu"]
+    mcmc.run(jax.random.key(6), DATA)
+    c = mcmc.get_samples()["mu"]
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert not np.array_equal(np.asarray(a), np.asarray(c))
 
