@@ -69,7 +69,7 @@ from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reason
 from blackjax.adaptation.window_adaptation import build_schedule
 
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, RoundStats, TunerState, check_min_steps_fraction,
-                       get_objective, gp_ucb, min_num_steps, round_init,
+                       get_objective, gp_ucb, min_num_steps, needs_center, round_init,
                        round_update, search_space)
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
@@ -130,6 +130,10 @@ class EngineState(NamedTuple):
     round_iteration : int32, ()          iterations done in the current round
     round_target : int32, ()             iterations of the current round (super-transitions)
     round_end_state : pytree             the round-end hook's own state
+
+    Only with ``objective="esjd_moments"`` (``None`` otherwise):
+
+    center : float, (D,)                 mean of the latest mass-matrix window (flattened position)
     """
 
     position: Any
@@ -148,6 +152,7 @@ class EngineState(NamedTuple):
     round_iteration: Any = None
     round_target: Any = None
     round_end_state: Any = None
+    center: Any = None
 
 
 class EngineInfo(NamedTuple):
@@ -329,8 +334,11 @@ def build_engine(
         During the metric phase ``L = ceil(T_w / eps)`` with jitter, so that
         the chains move while the mass matrix is learned.
     objective
-        ``"normalized_esjd"`` (paper), ``"esjd"``, ``"esjd_per_gradient"`` or a
-        callable ``(RoundStats, max_num_steps) -> reward``.
+        ``"normalized_esjd"`` (paper), ``"esjd"``, ``"esjd_per_gradient"``,
+        ``"esjd_moments"`` (also rewards moving the centred squares, i.e. the
+        ESS of variances; measured about the mean of the last mass-matrix
+        window, so it needs ``adapt_mass_matrix=True``) or a callable
+        ``(RoundStats, max_num_steps) -> reward``.
     divergence_penalty
         The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the
         fraction of the round's transitions that diverged (0: the paper's
@@ -435,6 +443,12 @@ def build_engine(
     if not 0.0 < target_acceptance_rate < 1.0:
         raise ValueError(f"target_acceptance_rate must be in (0, 1); got {target_acceptance_rate!r}.")
     objective_fn = get_objective(objective, divergence_penalty)
+    use_center = needs_center(objective_fn)
+    if use_center and not adapt_mass_matrix:
+        raise ValueError(
+            f"objective={objective!r} measures the squares about the posterior mean estimated with the mass "
+            "matrix, so it needs adapt_mass_matrix=True (it does not apply to RMHMC, whose metric replaces "
+            "the mass matrix). Use objective='normalized_esjd' or adapt the mass matrix.")
     if super_transitions is not None and (
             not isinstance(super_transitions, (int, np.integer)) or super_transitions < 1 or not pooled):
         raise ValueError(
@@ -643,6 +657,8 @@ def build_engine(
         if super_transitions:
             key = jax.random.fold_in(jax.random.key(0) if rng_key is None else rng_key, 7)
             extra["round_target"] = super_transition_length(tuner_state, box, key)  # reset when the GP starts
+        if use_center:  # replaced at every mass-matrix window's end, before the GP starts
+            extra["center"] = jnp.mean(jax.vmap(lambda p: ravel_pytree(p)[0])(positions), axis=0)
         return extra
 
     def step(rng_key, state: EngineState, sampling: bool = False, round_end: str = "cond"):
@@ -708,7 +724,7 @@ def build_engine(
         if sampling:  # the warm-up adapters are done: carry their state unchanged
             flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
             da_state, mm_state = state.step_size_adaptation, state.mass_matrix_adaptation
-            imm, box = state.inverse_mass_matrix, state.box
+            imm, box, center = state.inverse_mass_matrix, state.box, state.center
             lost = jnp.zeros((num_chains,), bool)
         else:
             # Warm-up adapters (pooled over chains).
@@ -749,13 +765,14 @@ def build_engine(
             mm_state = jax.lax.cond(slow_now, pool_positions, lambda s: s, state.mass_matrix_adaptation)
 
             def close_window(operand):
-                mm_state, _, da_state = operand
+                mm_state, _, da_state, _ = operand
+                window_mean = mm_state.wc_state.mean.astype(dtype) if use_center else None
                 mm_state = mm_final(mm_state)
                 restart = da_init(jnp.exp(da_state.log_step_size))
-                return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart
+                return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart, window_mean
 
-            mm_state, imm, da_state = jax.lax.cond(
-                window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state))
+            mm_state, imm, da_state, center = jax.lax.cond(
+                window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state, state.center))
 
             # The GP phase starts: fix eps* and (if automatic) the search box.
             starts_gp = it == metric_phase - 1
@@ -773,9 +790,9 @@ def build_engine(
         # Round bookkeeping in the whitened metric.
         flat_old = jax.vmap(lambda p: ravel_pytree(p)[0])(state.position)
         scale = jnp.sqrt(imm)
-        stats = jax.vmap(round_update, in_axes=(0, 0, 0, 0, 0, 0, None))(
+        stats = jax.vmap(round_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))(
             state.round_stats, flat_old, flat_new, num_taken, hmc_info.acceptance_rate,
-            hmc_info.is_divergent, scale)
+            hmc_info.is_divergent, scale, center)
         if not sampling:
             stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
                                  jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains)), stats)
@@ -843,7 +860,7 @@ def build_engine(
             position=new.position, logdensity=new.logdensity, logdensity_grad=new.logdensity_grad,
             iteration=it + 1, tuner=tuner_state, round_stats=stats, inverse_mass_matrix=imm, box=box,
             step_size_adaptation=da_state, mass_matrix_adaptation=mm_state, adapt_probability=p,
-            window=window,
+            window=window, center=center,
         )
         round_index = jnp.where(in_metric_phase, 0, since_gp // round_length + 1).astype(jnp.int32)
         is_warmup = it < num_warmup

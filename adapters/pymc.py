@@ -66,7 +66,7 @@ from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, adapt_probability, check_min_steps_fraction, get_objective,
-                       gp_ucb, min_num_steps, round_init, round_update, search_space)
+                       gp_ucb, min_num_steps, needs_center, round_init, round_update, search_space)
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -146,8 +146,10 @@ class AdaptiveHMC(BaseHMC):
         Box for ``L``; default ``(1, ceil(max_integration_time / eps*))``, capped at ``num_steps_cap``.
     round_length : int
         Iterations per round, ``m`` (10: the paper's ``B / k`` for 1000 tune, 100 rounds).
-    objective : {"normalized_esjd", "esjd", "esjd_per_gradient"} or callable
-        Reward of a round; a callable gets ``(RoundStats, L)``.
+    objective : {"normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"} or callable
+        Reward of a round; a callable gets ``(RoundStats, L)``.  ``"esjd_moments"`` also rewards
+        moving the centred squares (ESS of variances; README, "Tuning for variances"); it measures
+        them about the mean of the mass-matrix window, so it needs the adapted diagonal mass matrix.
     divergence_penalty : float
         The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the round's
         fraction of divergent transitions (default 10; 0 = the paper's reward).
@@ -250,6 +252,13 @@ class AdaptiveHMC(BaseHMC):
             else:
                 self.potential = QuadPotentialDiag(np.ones(size, dtype=self.potential.dtype), rng=rng)
             self.integrator = integration.CpuLeapfrogIntegrator(self.potential, self._logp_dlogp_func)
+        self._uses_center = needs_center(self._objective)
+        if self._uses_center and not hasattr(self.potential, "_foreground_var"):
+            raise ValueError(
+                f"objective={objective!r} measures the squares about the posterior mean estimated with the mass "
+                f"matrix, so it needs an adapted diagonal mass matrix (adapt_mass_matrix=True and no potential, "
+                f"scaling or Riemannian metric; got {type(self.potential).__name__}). "
+                f"Use objective='normalized_esjd' or let the step adapt the mass matrix.")
         if initial_step_size is not None:
             self.step_size = float(initial_step_size)
             self.step_adapt = DualAverageAdaptation(self.step_size, self.target_accept, 0.05, 0.75, 10)
@@ -330,8 +339,10 @@ class AdaptiveHMC(BaseHMC):
 
     def _record_round(self, previous, position, stats):
         scale = getattr(self.potential, "_stds", None)
+        # The mass matrix's window: its mean goes with the variances in _stds (fixed in the rounds).
+        center = self.potential._foreground_var.mean if self._uses_center else None
         round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["accept"],
-                                   stats["diverging"], scale)
+                                   stats["diverging"], scale, center)
         out = self._round_settings()[4]  # copied by the caller's stats.update
         if int(round_stats.num_iterations) >= self._round_length:
             out = dict(out)

@@ -12,6 +12,13 @@ adding a seed to ``--seeds`` runs only the new seed.  The
 summary gives, per model, the min bulk ESS per gradient of the coordinates (means)
 and of their squares (variances) for every fraction, and as a ratio to the best
 NUTS of the same seed: the jitter moves the two in opposite directions.
+
+``--objective esjd_moments`` runs the AHMC sampler with that reward (every fraction);
+``--baseline <summary.json>`` takes the best NUTS of each model and seed from an earlier
+summary of this tool (same seeds and settings) instead of running NUTS again:
+
+    ./dev run python -m benchmarks.jitter --objective esjd_moments --fractions 0,0.5 --seeds 0 \
+        --baseline benchmarks/results/jitter.json --output benchmarks/results/moments.json
 """
 
 from __future__ import annotations
@@ -43,10 +50,21 @@ def min_values(results: dict) -> dict:
     return out
 
 
-def summarize(runs: dict, models: list[str], nuts: list[str], sampler: str) -> dict:
+def baseline_best_nuts(summary: dict, seeds: list[int]) -> dict:
+    """``{(model, name, seed): best NUTS}`` from an earlier summary of this tool."""
+    out = {}
+    for model, row in summary["table"].items():
+        for name in METRICS:
+            for seed, value in zip(summary["seeds"], row[f"best_nuts_{name}"]):
+                if seed in seeds:
+                    out[(model, name, seed)] = value
+    return out
+
+
+def summarize(runs: dict, models: list[str], nuts: list[str], sampler: str, baseline: dict | None = None) -> dict:
     """``runs[(fraction, seed)]`` = min_values of that run -> per model and fraction, values and NUTS ratios.
 
-    The first fraction's runs hold the NUTS samplers."""
+    The first fraction's runs hold the NUTS samplers, unless ``baseline`` (see ``baseline_best_nuts``) gives them."""
     fractions = list(dict.fromkeys(f for f, _ in runs))
     seeds = sorted({s for _, s in runs})
     table = {}
@@ -55,6 +73,9 @@ def summarize(runs: dict, models: list[str], nuts: list[str], sampler: str) -> d
         for name in METRICS:
             best = []  # best NUTS per seed (from the first fraction's run, where NUTS ran)
             for seed in seeds:
+                if baseline is not None:
+                    best.append(baseline.get((model, name, seed)))
+                    continue
                 found = [runs[(fractions[0], seed)].get((model, s), {}).get(name) for s in nuts]
                 found = [v for v in found if v is not None]
                 best.append(max(found) if found else None)
@@ -76,8 +97,10 @@ def markdown(summary: dict, command: str, environment: str) -> str:
     lines = [
         "# Leapfrog jitter: `L_t ~ U{ceil(f L)..L}` against the best NUTS", "",
         f"`{command}`", "",
-        f"Sampler `{summary['sampler']}` with `min_steps_fraction = f` (`f = 0`: the paper's `U{{1..L}}`); "
-        f"NUTS: best of {', '.join(summary['nuts'])} in the same seed. Min bulk ESS per gradient over the "
+        f"Sampler `{summary['sampler']}` with `min_steps_fraction = f` (`f = 0`: the paper's `U{{1..L}}`)"
+        f"{', objective `' + summary['objective'] + '`' if summary.get('objective') else ''}; "
+        f"NUTS: best of {', '.join(summary['nuts'])} in the same seed"
+        f"{' (from ' + summary['baseline'] + ')' if summary.get('baseline') else ''}. Min bulk ESS per gradient over the "
         f"coordinates (means) and over their squares (variances), as a ratio to the best NUTS (mean over "
         f"seeds {summary['seeds']}).", "",
         f"| model | means: {head} | squares: {head} |",
@@ -102,25 +125,39 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sampler", default="ahmc_blackjax")
     parser.add_argument("--nuts", default="blackjax_nuts,numpyro_nuts")
     parser.add_argument("--seeds", default="0")
+    parser.add_argument("--objective", default=None, help="the AHMC sampler's objective (default: its own)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="an earlier summary of this tool: its best NUTS per model and seed (NUTS is not run)")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args(argv)
     fractions = [float(f) for f in args.fractions.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     nuts = args.nuts.split(",")
+    baseline = None
+    if args.baseline is not None:
+        earlier = json.loads(args.baseline.read_text())
+        missing = sorted(set(seeds) - set(earlier["seeds"]))
+        if missing:
+            parser.error(f"--baseline {args.baseline} has no NUTS runs for seeds {missing}")
+        baseline, nuts = baseline_best_nuts(earlier, seeds), earlier["nuts"]
     runs, environment = {}, None
     for seed in seeds:
         for index, fraction in enumerate(fractions):
-            samplers = ([*nuts, args.sampler] if index == 0 else [args.sampler])
+            samplers = ([*nuts, args.sampler] if index == 0 and baseline is None else [args.sampler])
             path = args.output.with_name(f"{args.output.stem}_f{fraction:g}_seed{seed}.json")
-            options = json.dumps({args.sampler: {"min_steps_fraction": fraction}})
+            sampler_options = {"min_steps_fraction": fraction}
+            if args.objective is not None:
+                sampler_options["objective"] = args.objective
+            options = json.dumps({args.sampler: sampler_options})
             results = bench.main(["--models", args.models, "--samplers", ",".join(samplers), "--seed", str(seed),
                                   "--sampler-options", options, "--output", str(path), "--resume"])
             runs[(fraction, seed)] = min_values(results)
             env = results["environment"]
             environment = environment or f"{env.get('cpu_model', '?')}, {env.get('nproc', '?')} CPUs (shared)"
     command = "python -m benchmarks.jitter " + shlex.join(argv)
-    summary = {"command": command, "environment": environment,
-               **summarize(runs, args.models.split(","), nuts, args.sampler)}
+    summary = {"command": command, "environment": environment, "objective": args.objective,
+               "baseline": None if args.baseline is None else str(args.baseline),
+               **summarize(runs, args.models.split(","), nuts, args.sampler, baseline)}
     args.output.write_text(json.dumps(summary, indent=1) + "\n")
     args.output.with_suffix(".md").write_text(markdown(summary, command, environment) + "\n")
     print(markdown(summary, command, environment))

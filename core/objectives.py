@@ -10,6 +10,16 @@ longer trajectories; dividing by ``sqrt(L)`` charges for computation.  We also
 offer plain ESJD and ESJD per gradient evaluation (squared jump summed over
 the round divided by the leapfrog steps actually taken).
 
+ESJD rewards moving the position, so the tuner settles on trajectories that
+carry each (whitened) coordinate to the far side of its distribution, where
+its square, and hence the estimate of a variance, has hardly moved.
+``esjd_moments`` (not in the paper) also scores the jumps of the centred
+squares, ``(z'^2 - z^2)^2 / 2`` with ``z = (x - center) / scale``, and takes
+the geometric mean of the two mean jumps before dividing by ``sqrt(L)``: for
+independent standard normal draws both mean jumps are 2, so neither side
+dominates.  It needs ``center`` (a posterior mean estimate) in
+:func:`round_update`; the adapters pass the mean of the mass-matrix window.
+
 Jumps can be measured in a whitened metric: each coordinate divided by a scale
 (e.g. the square root of the diagonal inverse mass matrix, i.e. the estimated
 posterior standard deviations), so the reward does not depend on the units of
@@ -46,6 +56,8 @@ __all__ = [
     "normalized_esjd",
     "esjd",
     "esjd_per_gradient",
+    "esjd_moments",
+    "needs_center",
     "OBJECTIVES",
     "get_objective",
     "with_divergence_penalty",
@@ -65,6 +77,8 @@ class RoundStats(NamedTuple):
     sum_squared_jump : float, () sum of ``||(x_{t+1} - x_t) / scale||^2``
     sum_acceptance : float, ()   sum of acceptance probabilities
     num_divergent : int32, ()    divergent transitions
+    sum_squared_jump_squares : float, ()  sum of ``||z'^2 - z^2||^2 / 2``, ``z = (x - center) / scale``
+                                 (0 unless ``round_update`` gets a ``center``)
     """
 
     num_iterations: object
@@ -72,6 +86,7 @@ class RoundStats(NamedTuple):
     sum_squared_jump: object
     sum_acceptance: object
     num_divergent: object
+    sum_squared_jump_squares: object
 
 
 def round_init(xp=np, dtype=None) -> RoundStats:
@@ -79,7 +94,7 @@ def round_init(xp=np, dtype=None) -> RoundStats:
     dtype = xp.asarray(0.0).dtype if dtype is None else dtype
     zero_int = xp.asarray(0, dtype=xp.int32)
     zero = xp.asarray(0.0, dtype=dtype)
-    return RoundStats(zero_int, zero_int, zero, zero, zero_int)
+    return RoundStats(zero_int, zero_int, zero, zero, zero_int, zero)
 
 
 def round_update(
@@ -90,6 +105,7 @@ def round_update(
     acceptance=0.0,
     is_divergent=False,
     scale=None,
+    center=None,
 ) -> RoundStats:
     """Add one iteration to the round's sums.
 
@@ -105,30 +121,50 @@ def round_update(
         Whether the trajectory diverged.
     scale : array, shape (dim,), optional
         Per-coordinate scale for the whitened jump; ``None`` = identity.
+    center : array, shape (dim,), optional
+        Posterior mean estimate: with it the round also sums the jumps of the
+        centred, whitened squares (for ``esjd_moments``); ``None`` skips them.
     """
     if isinstance(stats.sum_squared_jump, (np.ndarray, np.generic)):
-        return _round_update_numpy(stats, previous_position, position, num_gradients, acceptance, is_divergent, scale)
+        return _round_update_numpy(stats, previous_position, position, num_gradients, acceptance, is_divergent,
+                                   scale, center)
     xp = stats.sum_squared_jump.__array_namespace__()
     dtype = stats.sum_squared_jump.dtype
-    jump = xp.asarray(position, dtype=dtype) - xp.asarray(previous_position, dtype=dtype)
+    old = xp.asarray(previous_position, dtype=dtype)
+    new = xp.asarray(position, dtype=dtype)
+    jump = new - old
     if scale is not None:
         jump = jump / xp.asarray(scale, dtype=dtype)
+    squares_jump = stats.sum_squared_jump_squares
+    if center is not None:
+        center = xp.asarray(center, dtype=dtype)
+        scale = xp.ones_like(center) if scale is None else xp.asarray(scale, dtype=dtype)
+        change = ((new - center) / scale) ** 2 - ((old - center) / scale) ** 2
+        squares_jump = squares_jump + 0.5 * xp.sum(change * change)
     return RoundStats(
         num_iterations=stats.num_iterations + 1,
         num_gradients=stats.num_gradients + xp.asarray(num_gradients, dtype=xp.int32),
         sum_squared_jump=stats.sum_squared_jump + xp.sum(jump * jump),
         sum_acceptance=stats.sum_acceptance + xp.asarray(acceptance, dtype=dtype),
         num_divergent=stats.num_divergent + xp.asarray(is_divergent, dtype=xp.int32),
+        sum_squared_jump_squares=squares_jump,
     )
 
 
-def _round_update_numpy(stats, previous_position, position, num_gradients, acceptance, is_divergent, scale):
+def _round_update_numpy(stats, previous_position, position, num_gradients, acceptance, is_divergent, scale,
+                        center):
     """round_update for eager NumPy: the same sums and dtypes with a handful of operations
     (PyMC calls it once per iteration; the generic path spends ~10 us in array creation)."""
     dtype = stats.sum_squared_jump.dtype
     jump = np.subtract(position, previous_position, dtype=dtype)
     if scale is not None:
         jump /= np.asarray(scale, dtype=dtype)
+    squares_jump = stats.sum_squared_jump_squares
+    if center is not None:
+        scale = 1.0 if scale is None else np.asarray(scale, dtype=dtype)
+        old = (np.subtract(previous_position, center, dtype=dtype) / scale) ** 2
+        change = (np.subtract(position, center, dtype=dtype) / scale) ** 2 - old
+        squares_jump = squares_jump + 0.5 * float(change @ change)
     # Python scalars are "weak" in NumPy 2 arithmetic: the sums keep the fields' dtypes, and cheaply.
     return RoundStats(
         num_iterations=stats.num_iterations + 1,
@@ -136,6 +172,7 @@ def _round_update_numpy(stats, previous_position, position, num_gradients, accep
         sum_squared_jump=stats.sum_squared_jump + float(jump @ jump),
         sum_acceptance=stats.sum_acceptance + float(acceptance),
         num_divergent=stats.num_divergent + int(bool(is_divergent)),
+        sum_squared_jump_squares=squares_jump,
     )
 
 
@@ -165,10 +202,29 @@ def esjd_per_gradient(stats: RoundStats, max_num_steps):
     return _safe_divide(stats.sum_squared_jump, stats.num_gradients)
 
 
+def esjd_moments(stats: RoundStats, max_num_steps):
+    """Geometric mean of the mean squared jump of the whitened position and of its centred
+    square, / sqrt(L): a reward for moving both means and variances (needs ``center``)."""
+    xp = stats.sum_squared_jump.__array_namespace__()
+    mean_jump = _safe_divide(stats.sum_squared_jump, stats.num_iterations)
+    mean_squares_jump = _safe_divide(stats.sum_squared_jump_squares, stats.num_iterations)
+    steps = xp.asarray(max_num_steps, dtype=mean_jump.dtype)
+    return xp.sqrt(mean_jump * mean_squares_jump) / xp.sqrt(steps)
+
+
+esjd_moments.needs_center = True
+
+
+def needs_center(objective: Callable) -> bool:
+    """Whether the adapter must pass a ``center`` to :func:`round_update` for this objective."""
+    return bool(getattr(objective, "needs_center", False))
+
+
 OBJECTIVES: dict[str, Callable] = {
     "normalized_esjd": normalized_esjd,
     "esjd": esjd,
     "esjd_per_gradient": esjd_per_gradient,
+    "esjd_moments": esjd_moments,
 }
 
 
@@ -185,6 +241,7 @@ def with_divergence_penalty(objective: Callable, penalty: float) -> Callable:
         return reward * xp.exp(xp.asarray(-penalty, dtype=dtype) * fraction)
 
     penalized.__name__ = f"{getattr(objective, '__name__', 'objective')}_divergence_penalized"
+    penalized.needs_center = needs_center(objective)
     return penalized
 
 

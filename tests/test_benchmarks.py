@@ -678,3 +678,17 @@ def test_jitter_study_runs_nuts_once_per_seed_and_divides_means_and_squares_by_t
     assert row["f0_means"]["ratio_mean"] == pytest.approx(1.5) and row["f0.5_means"]["ratio_mean"] == pytest.approx(2.5)
     assert row["f0.5_squares"]["ratio_mean"] == pytest.approx(0.5)
     assert "| m | 1.50 | 2.50 | 1.50 | 0.50 |" in (tmp_path / "j.md").read_text()
+
+    # --baseline takes the best NUTS from that summary and runs only the AHMC sampler, with --objective.
+    calls.clear()
+    summary = jitter.main(["--models", "m", "--fractions", "0,0.5", "--sampler", "ahmc", "--seeds", "0",
+                           "--objective", "esjd_moments", "--baseline", str(tmp_path / "j.json"),
+                           "--output", str(tmp_path / "k.json")])
+    assert [call[call.index("--samplers") + 1] for call in calls] == ["ahmc", "ahmc"]
+    assert all(json.loads(c[c.index("--sampler-options") + 1])["ahmc"]["objective"] == "esjd_moments" for c in calls)
+    assert summary["nuts"] == ["nuts_a", "nuts_b"] and summary["table"]["m"]["best_nuts_means"] == [0.2]
+    assert summary["table"]["m"]["f0_means"]["ratio_mean"] == pytest.approx(1.5)
+    assert "objective `esjd_moments`" in (tmp_path / "k.md").read_text()
+    with pytest.raises(SystemExit):
+        jitter.main(["--models", "m", "--seeds", "3", "--baseline", str(tmp_path / "j.json"),
+                     "--output", str(tmp_path / "k.json")])

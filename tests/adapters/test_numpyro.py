@@ -139,6 +139,15 @@ def test_continuation_carries_the_tuner_over(chain_method):
     assert np.asarray(mcmc.get_samples(group_by_chain=True)["mu"]).shape == (2, 100)
 
 
+def test_esjd_moments_objective_reaches_the_engine():
+    """The engine's variance-aware reward through the kernel (its statistics: test_blackjax.py)."""
+    mcmc = run(AdaptiveHMC(normal_model, objective="esjd_moments"), DATA, num_chains=2, warmup=200, samples=200)
+    rewards = np.asarray(mcmc.get_extra_fields()["reward"])
+    ended = ~np.isnan(rewards)
+    assert ended.sum() >= 20 and np.all(rewards[ended] > 0)
+    assert abs(float(jnp.mean(mcmc.get_samples()["mu"])) - float(np.mean(DATA))) < 0.2  # posterior sd 0.32
+
+
 def test_model_args_kwargs_deterministic_sites_and_jit_model_args():
     mcmc = MCMC(AdaptiveHMC(normal_model), num_warmup=200, num_samples=200, progress_bar=False, jit_model_args=True)
     mcmc.run(jax.random.key(0), DATA, scale=1.0)
@@ -195,3 +204,5 @@ def test_non_finite_initial_density_and_bad_knobs_raise():
         AdaptiveHMC(normal_model, min_steps_fraction=-0.5)
     with pytest.raises(ValueError, match="step_size bounds are reversed"):
         AdaptiveHMC(normal_model, step_size_bounds=(1.0, 0.1), num_steps_bounds=(1, 10))
+    with pytest.raises(ValueError, match="needs adapt_mass_matrix=True"):
+        AdaptiveHMC(normal_model, objective="esjd_moments", adapt_mass_matrix=False)

@@ -79,6 +79,19 @@ def test_upper_half_jitter_moments_and_step_counts():
         assert np.all((taken >= lowest) & (taken <= arm)) and np.any(taken == lowest)
 
 
+def test_esjd_moments_objective_moments_and_rewards():
+    """objective="esjd_moments" (squares centred on the mass-matrix window's mean): the target is unchanged
+    away from the origin, and every round's reward is finite and positive."""
+    means = np.array([30.0, -5.0, 0.0, 12.0, 3.0, -1.0])
+    with pm.Model() as model:
+        pm.Normal("x", means, SCALES, shape=len(SCALES))
+    idata = sample(model, random_seed=13, step_kwargs=dict(objective="esjd_moments"), **CORRECTNESS)
+    assert_moments_match(idata.posterior["x"].values, means, SCALES)
+    rewards = idata.sample_stats["reward"].values
+    ended = ~np.isnan(rewards)
+    assert ended.sum() > 100 and np.all(rewards[ended] > 0)
+
+
 @pytest.mark.parametrize("name", [
     "eight_schools-eight_schools_noncentered",
     "kidiq-kidscore_momiq",
@@ -256,6 +269,7 @@ def test_discrete_variable_is_refused_with_a_hint():
     (dict(freeze_after="never"), "freeze_after"),
     (dict(lengthscale=-1.0), "lengthscale"),
     (dict(min_steps_fraction=1.5), r"min_steps_fraction must be a number in \[0, 1\]"),
+    (dict(objective="esjd_moments", adapt_mass_matrix=False), "esjd_moments.*adapted diagonal mass matrix"),
 ])
 def test_bad_options_raise_before_sampling(kwargs, match):
     with gaussian_model(), pytest.raises(ValueError, match=match):

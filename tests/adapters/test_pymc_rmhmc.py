@@ -303,6 +303,7 @@ def test_bad_user_metric_raises_before_sampling():
     (dict(metric="softabs"), "metric must be"),
     (dict(adapt_mass_matrix=True), "adapt_mass_matrix"),
     (dict(round_length=0), "round_length"),
+    (dict(objective="esjd_moments"), "esjd_moments.*adapted diagonal mass matrix"),
 ])
 def test_bad_options_raise(kwargs, match):
     with correlated_gaussian(), pytest.raises(ValueError, match=match):

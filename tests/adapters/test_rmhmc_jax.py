@@ -338,6 +338,7 @@ def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
         ({"adapt_mass_matrix": True}, "adapt_mass_matrix"),
         ({"inverse_mass_matrix": np.ones(2)}, "constant_metric"),
         ({"integrator": blackjax.mcmc.integrators.mclachlan}, "integrator"),
+        ({"objective": "esjd_moments"}, "does not apply to RMHMC"),
     ],
 )
 def test_bad_knobs_raise(options, match):

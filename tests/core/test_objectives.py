@@ -3,8 +3,10 @@ import pytest
 
 from ahmc.core import (
     esjd,
+    esjd_moments,
     esjd_per_gradient,
     get_objective,
+    needs_center,
     normalized_esjd,
     round_init,
     round_update,
@@ -81,3 +83,46 @@ def test_divergence_penalty_runs_under_jax():
 def test_divergence_penalty_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="divergence_penalty must be a finite number >= 0"):
         get_objective("normalized_esjd", divergence_penalty=bad)
+
+
+def test_squares_jump_is_summed_only_with_a_center_and_in_whitened_units():
+    old, new = np.array([1.0, 4.0]), np.array([3.0, 0.0])
+    scale, center = np.array([1.0, 2.0]), np.array([1.0, 2.0])
+    stats = round_update(round_init(), old, new, 2, scale=scale)
+    assert float(stats.sum_squared_jump_squares) == 0.0  # no center: skipped
+    stats = round_update(round_init(), old, new, 2, scale=scale, center=center)
+    # z: (0, 1) -> (2, -1); squares (0, 1) -> (4, 1); (4^2 + 0^2) / 2 = 8
+    assert float(stats.sum_squared_jump_squares) == pytest.approx(8.0)
+    assert float(stats.sum_squared_jump) == pytest.approx(4.0 + 4.0)  # jumps (2, -4) / (1, 2)
+    # esjd_moments: sqrt(mean jump 8 * mean squares jump 8) / sqrt(L = 4)
+    assert float(esjd_moments(stats, 4)) == pytest.approx(8.0 / 2.0)
+    assert np.isnan(esjd_moments(round_init(), 4))
+
+
+def test_squares_jump_is_the_same_under_jax_and_numpy():
+    jnp = pytest.importorskip("jax.numpy")
+    rng = np.random.default_rng(0)
+    old, new, scale, center = rng.normal(size=5), rng.normal(size=5), rng.uniform(0.5, 2, 5), rng.normal(size=5)
+    a = round_update(round_init(), old, new, 3, 0.7, False, scale, center)
+    b = round_update(round_init(jnp, jnp.float32), jnp.asarray(old), jnp.asarray(new), 3, 0.7, False,
+                     jnp.asarray(scale), jnp.asarray(center))
+    for x, y in zip(a, b):
+        assert float(x) == pytest.approx(float(y), rel=1e-5)  # float32 under JAX
+
+
+def test_esjd_moments_on_independent_normal_draws_balances_both_jumps():
+    """Both mean jumps are 2 for independent N(0, 1) draws, so the reward is 2 / sqrt(L)."""
+    draws = np.random.default_rng(1).normal(size=(20001, 3))
+    stats = round_init()
+    for old, new in zip(draws[:-1], draws[1:]):
+        stats = round_update(stats, old, new, 1, center=np.zeros(3))
+    n = float(stats.num_iterations)
+    assert float(stats.sum_squared_jump) / n / 3 == pytest.approx(2.0, rel=0.03)
+    assert float(stats.sum_squared_jump_squares) / n / 3 == pytest.approx(2.0, rel=0.08)
+    assert float(esjd_moments(stats, 9)) / 3 == pytest.approx(2.0 / 3.0, rel=0.06)
+
+
+def test_objectives_that_need_a_center_say_so_also_when_penalized():
+    assert needs_center(esjd_moments) and needs_center(get_objective("esjd_moments", divergence_penalty=10.0))
+    assert not needs_center(get_objective("normalized_esjd", divergence_penalty=10.0))
+    assert not needs_center(lambda stats, max_num_steps: 1.0)
