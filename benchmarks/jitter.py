@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from . import run as bench
+from .seeds import min_metric
 
 DEFAULT_MODELS = ("pima,ripley,breast_cancer,std_gauss_10,diag_gauss_10,corr_gauss_2,lgcp_16,eight_schools,"
                   "kidiq,earnings,sblrc,arK,garch,gp_pois_regr,gauss_mix")
@@ -40,14 +41,9 @@ METRICS = {"means": "ess_per_grad", "squares": "ess_per_grad_squares"}
 
 def min_values(results: dict) -> dict:
     """``{(model, sampler): {"means": min ESS/grad, "squares": min ESS/grad of x^2}}`` of the finished runs."""
-    out = {}
-    for row in results["runs"]:
-        metrics = row.get("metrics") or {}
-        if row.get("status") != "ok":
-            continue
-        out[(row["model"], row["sampler"])] = {
-            name: (metrics.get(key) or {}).get("min") for name, key in METRICS.items()}
-    return out
+    per_metric = {name: min_metric(results, key) for name, key in METRICS.items()}
+    runs = set().union(*per_metric.values())
+    return {run: {name: values.get(run) for name, values in per_metric.items()} for run in runs}
 
 
 def baseline_best_nuts(summary: dict, seeds: list[int]) -> dict:

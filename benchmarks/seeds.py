@@ -25,15 +25,20 @@ import numpy as np
 from . import run as bench
 
 
-def min_ess_per_grad(results: dict) -> dict:
-    """``{(model, sampler): min ESS per gradient}`` of one run's completed samplers."""
+def min_metric(results: dict, key: str = "ess_per_grad") -> dict:
+    """``{(model, sampler): min of metrics[key]}`` of one run's completed samplers that have it."""
     out = {}
     for row in results["runs"]:
         metrics = row.get("metrics") or {}
-        value = (metrics.get("ess_per_grad") or {}).get("min")
+        value = (metrics.get(key) or {}).get("min")
         if row.get("status") == "ok" and value is not None:
             out[(row["model"], row["sampler"])] = float(value)
     return out
+
+
+def min_ess_per_grad(results: dict) -> dict:
+    """``{(model, sampler): min ESS per gradient}`` of one run's completed samplers."""
+    return min_metric(results, "ess_per_grad")
 
 
 def summarize(per_seed: dict[int, dict], baseline: str) -> dict:
