@@ -487,6 +487,10 @@ def build_engine(
         metric_phase = int(round(metric_fraction * num_warmup)) if adapt_mass_matrix else 0
         initial_arm = user_initial_arm
         box0 = (eps_box, l_box)
+    if use_center and metric_phase < 1:
+        raise ValueError(
+            f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
+            f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
     gp_warmup = max(num_warmup - metric_phase, 0)
     num_warmup_rounds = gp_warmup // round_length
     k_value = int(k) if k is not None else max(num_warmup_rounds, 1)

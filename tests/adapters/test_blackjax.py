@@ -149,6 +149,9 @@ def test_esjd_moments_measures_squares_about_the_window_mean_and_samples_the_tar
     assert ended.sum() > 100 and np.all(rewards[ended] > 0)
     with pytest.raises(ValueError, match="needs adapt_mass_matrix=True"):
         adaptive_hmc(logdensity, objective="esjd_moments", adapt_mass_matrix=False)
+    with pytest.raises(ValueError, match="needs a metric phase"):
+        adaptive_hmc(logdensity, objective="esjd_moments", step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 10),
+                     metric_fraction=0.0)
 
 
 # --------------------------------------------------------------------------- #
