@@ -650,7 +650,7 @@ def build_engine(
         )
 
     def round_buffers(positions, tuner_state, box, rng_key):
-        """Initial values of the optional round fields (hook buffer, round counters)."""
+        """Initial values of the optional state fields (hook buffer, round counters, center)."""
         extra = {}
         if round_end_fn is not None:
             extra["round_draws"] = jax.tree.map(

@@ -57,24 +57,32 @@ def baseline_best_nuts(summary: dict, seeds: list[int]) -> dict:
     return out
 
 
+def run_best_nuts(runs: dict, models: list[str], nuts: list[str]) -> dict:
+    """``{(model, name, seed): best NUTS}`` from the first fraction's runs, where NUTS ran."""
+    first = next(iter(runs))[0]
+    out = {}
+    for (fraction, seed), values in runs.items():
+        if fraction != first:
+            continue
+        for model in models:
+            for name in METRICS:
+                found = [v for v in (values.get((model, s), {}).get(name) for s in nuts) if v is not None]
+                out[(model, name, seed)] = max(found) if found else None
+    return out
+
+
 def summarize(runs: dict, models: list[str], nuts: list[str], sampler: str, baseline: dict | None = None) -> dict:
     """``runs[(fraction, seed)]`` = min_values of that run -> per model and fraction, values and NUTS ratios.
 
-    The first fraction's runs hold the NUTS samplers, unless ``baseline`` (see ``baseline_best_nuts``) gives them."""
+    The best NUTS come from the first fraction's runs, or from ``baseline`` (see ``baseline_best_nuts``)."""
     fractions = list(dict.fromkeys(f for f, _ in runs))
     seeds = sorted({s for _, s in runs})
+    best_nuts = run_best_nuts(runs, models, nuts) if baseline is None else baseline
     table = {}
     for model in models:
         row = {}
         for name in METRICS:
-            best = []  # best NUTS per seed (from the first fraction's run, where NUTS ran)
-            for seed in seeds:
-                if baseline is not None:
-                    best.append(baseline.get((model, name, seed)))
-                    continue
-                found = [runs[(fractions[0], seed)].get((model, s), {}).get(name) for s in nuts]
-                found = [v for v in found if v is not None]
-                best.append(max(found) if found else None)
+            best = [best_nuts.get((model, name, seed)) for seed in seeds]
             row[f"best_nuts_{name}"] = best
             for fraction in fractions:
                 values = [runs.get((fraction, seed), {}).get((model, sampler), {}).get(name) for seed in seeds]
