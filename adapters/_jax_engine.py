@@ -255,6 +255,7 @@ def build_engine(
     num_steps_bounds: tuple[int, int] | None = None,
     adapt_mass_matrix: bool = True,
     inverse_mass_matrix=None,
+    dense_mass: bool = False,
     pooled: bool = True,
     round_length: int = 10,
     metric_fraction: float = 0.5,
@@ -317,6 +318,14 @@ def build_engine(
         metric phase (pooled over chains, BlackJAX's Welford estimator); the
         reward is then measured in the whitened metric.  ``False`` keeps
         ``inverse_mass_matrix`` (default identity) fixed.
+    dense_mass
+        ``True``: a dense inverse mass matrix (the window's covariance, BlackJAX's
+        estimator with its regularisation), as NumPyro's ``dense_mass=True``; a
+        given ``inverse_mass_matrix`` is then ``(d, d)``.  It whitens correlated
+        posteriors a diagonal cannot (the logistic regressions' coefficients), at
+        O(d^2) memory and an O(d^3) Cholesky per iteration: for d up to a few
+        hundred.  The reward's jumps are measured in the Cholesky-whitened frame
+        (the Mahalanobis distance of the jump).
     pooled
         One tuner for all chains: every chain runs the same arm and the
         chain-mean reward enters the GP once with weight ``num_chains`` (its
@@ -442,6 +451,10 @@ def build_engine(
         raise ValueError(f"num_steps_cap must be a positive integer; got {num_steps_cap!r}.")
     if not 0.0 < target_acceptance_rate < 1.0:
         raise ValueError(f"target_acceptance_rate must be in (0, 1); got {target_acceptance_rate!r}.")
+    if not isinstance(dense_mass, (bool, np.bool_)):
+        raise ValueError(
+            f"dense_mass must be True or False (one dense matrix over all parameters); got {dense_mass!r}. "
+            "Blocks of sites (NumPyro's list form) are not supported.")
     objective_fn = get_objective(objective, divergence_penalty)
     use_center = needs_center(objective_fn)
     if use_center and not adapt_mass_matrix:
@@ -534,7 +547,7 @@ def build_engine(
 
     hmc_kernel = hmc.build_kernel(integrator, divergence_threshold) if kernel is None else kernel
     da_init_raw, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
-    mm_init_raw, mm_update, mm_final_raw = mass_matrix_adaptation(is_diagonal_matrix=True)
+    mm_init_raw, mm_update, mm_final_raw = mass_matrix_adaptation(is_diagonal_matrix=not dense_mass)
 
     # BlackJAX's init functions return Python scalars in places; give every leaf a fixed
     # dtype so that scan carries and cond branches agree.
@@ -618,11 +631,15 @@ def build_engine(
         dim = flat0.shape[0]
         dtype = flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating) else jnp.float32
         if inverse_mass_matrix is None:
-            imm = jnp.ones(dim, dtype)
+            imm = jnp.eye(dim, dtype=dtype) if dense_mass else jnp.ones(dim, dtype)
         else:
             imm = jnp.asarray(inverse_mass_matrix, dtype)
-            if imm.shape != (dim,):
-                raise ValueError(f"inverse_mass_matrix must be a diagonal of shape ({dim},); got {imm.shape}.")
+            if dense_mass and imm.shape != (dim, dim):
+                raise ValueError(f"inverse_mass_matrix must be a ({dim}, {dim}) matrix with dense_mass=True; "
+                                 f"got shape {imm.shape}.")
+            if not dense_mass and imm.shape != (dim,):
+                hint = " (a full matrix: that needs dense_mass=True)" if imm.shape == (dim, dim) else ""
+                raise ValueError(f"inverse_mass_matrix must be a diagonal of shape ({dim},); got {imm.shape}{hint}.")
         if pooled:
             tuner_state = tuner.init(xp=jnp, dtype=dtype)
         else:
@@ -793,10 +810,17 @@ def build_engine(
 
         # Round bookkeeping in the whitened metric.
         flat_old = jax.vmap(lambda p: ravel_pytree(p)[0])(state.position)
-        scale = jnp.sqrt(imm)
+        if dense_mass:  # whiten by the Cholesky factor of the covariance estimate imm = C C^T
+            factor = jnp.linalg.cholesky(imm)
+            whiten = jax.vmap(lambda x: jax.scipy.linalg.solve_triangular(factor, x, lower=True))
+            flat_old, flat_new = whiten(flat_old), whiten(flat_new)
+            stats_center = None if center is None else whiten(center[None])[0]
+            scale = None
+        else:
+            scale, stats_center = jnp.sqrt(imm), center
         stats = jax.vmap(round_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))(
             state.round_stats, flat_old, flat_new, num_taken, hmc_info.acceptance_rate,
-            hmc_info.is_divergent, scale, center)
+            hmc_info.is_divergent, scale, stats_center)
         if not sampling:
             stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
                                  jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains)), stats)

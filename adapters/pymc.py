@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
+import scipy.linalg
 
 from ._extras import require
 
@@ -57,6 +59,8 @@ from pymc.step_methods.hmc.quadpotential import (  # noqa: E402
     QuadPotentialDiagAdapt,
     QuadPotentialDiagAdaptState,
     QuadPotentialFull,
+    QuadPotentialFullAdapt,
+    QuadPotentialFullAdaptState,
 )
 from pymc.step_methods.state import dataclass_state  # noqa: E402
 from pymc.step_methods.step_sizes import DualAverageAdaptation  # noqa: E402
@@ -124,6 +128,33 @@ class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
 
 
 @dataclass_state
+class _WarmupFullAdaptState(QuadPotentialFullAdaptState):
+    is_adapting: bool
+
+
+class _WarmupFullAdapt(QuadPotentialFullAdapt):
+    """PyMC's dense mass-matrix adaptation (``init="adapt_full"``) with an off switch for the GP rounds."""
+
+    _state_class = _WarmupFullAdaptState
+
+    def __init__(self, *args, **kwargs):
+        with warnings.catch_warnings():  # PyMC flags the class as experimental; ahmc tests it (test_pymc.py)
+            warnings.filterwarnings("ignore", message="QuadPotentialFullAdapt is an experimental feature")
+            super().__init__(*args, **kwargs)
+
+    def reset(self):
+        super().reset()
+        self.is_adapting = True
+
+    def update(self, sample, grad, tune):
+        super().update(sample, grad, tune and self.is_adapting)
+
+    def whiten(self, x):
+        """``C^{-1} x`` for the covariance estimate ``C C^T`` (the inverse mass matrix)."""
+        return scipy.linalg.solve_triangular(self._chol, x, lower=True)
+
+
+@dataclass_state
 class AdaptiveHMCState(BaseHMCState):
     _tuner_state: Any  # core TunerState (None during warm-up)
     _round_stats: Any  # core RoundStats of the running round
@@ -165,6 +196,10 @@ class AdaptiveHMC(BaseHMC):
         Rounds after which the arm never moves (``"tune"``/``"warmup"``: at the end of tune).
     adapt_mass_matrix : bool
         Adapt a diagonal mass matrix during warm-up (ignored with ``potential``/``scaling``).
+    dense_mass : bool
+        Adapt a dense mass matrix instead (PyMC's ``QuadPotentialFullAdapt``, as ``init="adapt_full"``
+        gives NUTS); the reward's jumps are then whitened by its Cholesky factor.  For correlated
+        posteriors of up to a few hundred dimensions (README, "Dense mass matrix").
     initial_step_size : float, optional
         First step size (default: PyMC's ``0.25 / n**0.25``).
     metric_fraction : float, optional
@@ -199,7 +234,7 @@ class AdaptiveHMC(BaseHMC):
                  step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
                  num_steps_cap=256, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
                  lengthscale=0.2, noise_variance=PYMC_HMC_DEFAULTS["noise_variance"], alpha=4.0, delta=0.1,
-                 min_steps_fraction=0.0, model=None, **kwargs):
+                 min_steps_fraction=0.0, dense_mass=False, model=None, **kwargs):
         model = modelcontext(model)
         value_vars = model.continuous_value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         discrete = [v.name for v in value_vars if v.dtype in discrete_types]
@@ -242,21 +277,28 @@ class AdaptiveHMC(BaseHMC):
         self._max_time, self._warmup_time = float(max_integration_time), float(warmup_integration_time)
         self._num_steps_cap = int(num_steps_cap)
         self._min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
+        if not isinstance(dense_mass, (bool, np.bool_)):
+            raise ValueError(f"dense_mass must be True or False; got {dense_mass!r}.")
+        if dense_mass and (not adapt_mass_matrix or {"potential", "scaling"} & set(kwargs)):
+            raise ValueError("dense_mass=True adapts a dense mass matrix: it needs adapt_mass_matrix=True and no "
+                             "potential or scaling (for a fixed dense matrix pass potential=QuadPotentialFull(cov)).")
 
         super().__init__(vars, model=model, **kwargs)
         if "potential" not in kwargs and "scaling" not in kwargs:  # replace BaseHMC's default metric
             size = self.potential._n
             rng = self.rng.spawn(1)[0]
-            if adapt_mass_matrix:
+            if dense_mass:  # PyMC's init="adapt_full" settings
+                self.potential = _WarmupFullAdapt(size, np.zeros(size), np.eye(size), 10, rng=rng)
+            elif adapt_mass_matrix:
                 self.potential = _WarmupDiagAdapt(size, np.zeros(size), np.ones(size), 10, rng=rng)
             else:
                 self.potential = QuadPotentialDiag(np.ones(size, dtype=self.potential.dtype), rng=rng)
             self.integrator = integration.CpuLeapfrogIntegrator(self.potential, self._logp_dlogp_func)
         self._uses_center = needs_center(self._objective)
-        if self._uses_center and not hasattr(self.potential, "_foreground_var"):
+        if self._uses_center and not isinstance(self.potential, (_WarmupDiagAdapt, _WarmupFullAdapt)):
             raise ValueError(
                 f"objective={objective!r} measures the squares about the posterior mean estimated with the mass "
-                f"matrix, so it needs an adapted diagonal mass matrix (adapt_mass_matrix=True and no potential, "
+                f"matrix, so it needs an adapted mass matrix (adapt_mass_matrix=True and no potential, "
                 f"scaling or Riemannian metric; got {type(self.potential).__name__}). "
                 f"Use objective='normalized_esjd' or let the step adapt the mass matrix.")
         if initial_step_size is not None:
@@ -317,7 +359,7 @@ class AdaptiveHMC(BaseHMC):
         eps_box = self._step_size_bounds or (eps_star * lo, eps_star * hi)
         l_box = self._num_steps_bounds or (1, self._steps_for(self._max_time, eps_star))
         self._search_box = np.array([*eps_box, *l_box], dtype=np.float64)
-        if isinstance(self.potential, _WarmupDiagAdapt):
+        if isinstance(self.potential, (_WarmupDiagAdapt, _WarmupFullAdapt)):
             self.potential.is_adapting = False
         tuner = self._tuner()
         first = tuner.space.arm_index(eps_star, self._steps_for(self._warmup_time, eps_star))
@@ -340,7 +382,12 @@ class AdaptiveHMC(BaseHMC):
     def _record_round(self, previous, position, stats):
         scale = getattr(self.potential, "_stds", None)
         # The mass matrix's window: its mean goes with the variances in _stds (fixed in the rounds).
-        center = self.potential._foreground_var.mean if self._uses_center else None
+        if isinstance(self.potential, _WarmupFullAdapt):  # dense: whiten by the covariance's Cholesky factor
+            whiten = self.potential.whiten
+            center = whiten(self.potential._foreground_cov.mean) if self._uses_center else None
+            previous, position = whiten(previous), whiten(position)
+        else:
+            center = self.potential._foreground_var.mean if self._uses_center else None
         round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["accept"],
                                    stats["diverging"], scale, center)
         out = self._round_settings()[4]  # copied by the caller's stats.update
