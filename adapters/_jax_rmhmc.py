@@ -206,6 +206,11 @@ def validate_rmhmc_options(options: dict) -> None:
             "adapt_mass_matrix=True does not apply to RMHMC: the metric G(x) replaces the adapted mass "
             "matrix (the warm-up adapts only the step size). Drop adapt_mass_matrix."
         )
+    if options.get("dense_mass"):
+        raise ValueError(
+            "dense_mass=True does not apply to RMHMC: the metric G(x) replaces the mass matrix. Pass "
+            "metric=constant_metric(G) for a fixed dense metric, or use AdaptiveHMC(dense_mass=True)."
+        )
     if options.get("inverse_mass_matrix") is not None:
         raise ValueError(
             "inverse_mass_matrix does not apply to RMHMC; pass metric=constant_metric(G) for a fixed dense "

@@ -27,7 +27,8 @@ replicated and the pooled reward becomes a cross-device mean.
 
 Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`):
 ``step_size_bounds``, ``num_steps_bounds`` (user box; default automatic),
-``adapt_mass_matrix``, ``inverse_mass_matrix``, ``pooled``, ``round_length``,
+``adapt_mass_matrix``, ``inverse_mass_matrix``, ``dense_mass`` (a dense mass matrix: BlackJAX's
+``is_mass_matrix_diagonal=False``), ``pooled``, ``round_length``,
 ``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
 ``objective``, ``divergence_penalty``, ``min_steps_fraction`` (``L_t ~ U{ceil(f L)..L}``; 0 = the
 paper's ``U{1..L}``), ``schedule``, ``k``, ``freeze_after``, ``target_acceptance_rate``,
@@ -165,7 +166,7 @@ def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **o
     ``positions`` has a leading chain axis; ``state`` is a batched
     ``DynamicHMCState`` ready for :func:`uniform_steps_hmc` (vmap its ``step``);
     ``parameters`` holds ``step_size``, ``inverse_mass_matrix`` (diagonal of the
-    flattened position) and ``num_integration_steps`` (the maximum ``L``);
+    flattened position; ``(d, d)`` with ``dense_mass=True``) and ``num_integration_steps`` (the maximum ``L``);
     with ``pooled=False`` the first and last have a leading chain axis.
     ``options``: see the module docstring.  Raises ``ValueError`` if the log
     density is not finite at a starting position.

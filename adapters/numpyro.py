@@ -96,7 +96,8 @@ class AdaptiveHMC(MCMCKernel):
     **options
         Tuning knobs, the same names and defaults as the BlackJAX routine
         (:func:`ahmc.adapters.blackjax.gpucb_adaptation`): ``step_size_bounds``,
-        ``num_steps_bounds``, ``adapt_mass_matrix``, ``round_length``,
+        ``num_steps_bounds``, ``adapt_mass_matrix``, ``dense_mass`` (``True``: a dense mass matrix, as
+        NumPyro's NUTS option; one matrix over all sites), ``round_length``,
         ``objective``, ``divergence_penalty``, ``min_steps_fraction``, ``schedule``, ``k``,
         ``freeze_after`` (rounds, or ``"warmup"``), ``pooled`` (vectorized chains only), and the GP settings
         ``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``, ``delta``.

@@ -180,7 +180,7 @@ class AdaptiveHMC(BaseHMC):
     objective : {"normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"} or callable
         Reward of a round; a callable gets ``(RoundStats, L)``.  ``"esjd_moments"`` also rewards
         moving the centred squares (ESS of variances; README, "Tuning for variances"); it measures
-        them about the mean of the mass-matrix window, so it needs the adapted diagonal mass matrix.
+        them about the mean of the mass-matrix window, so it needs the adapted mass matrix.
     divergence_penalty : float
         The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the round's
         fraction of divergent transitions (default 10; 0 = the paper's reward).
@@ -765,7 +765,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
             kwargs.setdefault("noise_variance", 0.1)
         if max_integration_time is not None or not isinstance(metric, ConstantMetric):
             kwargs["max_integration_time"] = 2 * math.pi if max_integration_time is None else max_integration_time
-        for name in ("potential", "scaling", "adapt_mass_matrix"):
+        for name in ("potential", "scaling", "adapt_mass_matrix", "dense_mass"):
             if name in kwargs:
                 raise ValueError(f"AdaptiveRMHMC takes no {name}: the metric G(x) replaces the mass matrix. Give "
                                  f"metric=constant_metric(M) for a fixed mass matrix M, or use AdaptiveHMC.")

@@ -336,6 +336,7 @@ def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
         ({"fixed_point_tolerance": 0.0}, "fixed_point_tolerance"),
         ({"max_fixed_point_iterations": 0}, "max_fixed_point_iterations"),
         ({"adapt_mass_matrix": True}, "adapt_mass_matrix"),
+        ({"dense_mass": True}, "dense_mass=True does not apply to RMHMC"),
         ({"inverse_mass_matrix": np.ones(2)}, "constant_metric"),
         ({"integrator": blackjax.mcmc.integrators.mclachlan}, "integrator"),
         ({"objective": "esjd_moments"}, "does not apply to RMHMC"),
@@ -423,3 +424,5 @@ def test_numpyro_user_metric_sees_the_flat_unconstrained_position():
              num_samples=10, progress_bar=False).run(jax.random.key(0))
     with pytest.raises(ValueError, match="adapt_mass_matrix"):
         AdaptiveRMHMC(model, adapt_mass_matrix=True)
+    with pytest.raises(ValueError, match="dense_mass=True does not apply to RMHMC"):
+        AdaptiveRMHMC(model, dense_mass=True)
