@@ -10,7 +10,7 @@ sampler per model against the best NUTS and NumPyro's NUTS (the full run's table
 import json
 import sys
 
-NUTS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie")
+from .report import NUTS  # every NUTS variant (diagonal and dense): the "best NUTS" of a model
 
 
 def table(path):

@@ -34,11 +34,15 @@ import numpy as np
 
 __all__ = ["write_report", "targets", "summary_table", "chain_numbers"]
 
-AHMC = ("ahmc_blackjax", "ahmc_numpyro", "ahmc_pymc")
-NUTS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie")
+AHMC = ("ahmc_blackjax", "ahmc_numpyro", "ahmc_pymc", "ahmc_blackjax_dense", "ahmc_numpyro_dense", "ahmc_pymc_dense")
+# The NUTS baselines (diagonal, then dense variants; benchmarks.samplers.DENSE_SAMPLERS): the best is the ratio's base.
+NUTS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie",
+        "blackjax_nuts_dense", "numpyro_nuts_dense", "pymc_nuts_dense", "nutpie_low_rank")
 LOGISTIC = ("pima", "ripley", "breast_cancer")
 # Figure 3 pairs: the AHMC and NUTS of the same framework (same backend, same starting points per chain).
-PAIRS = (("ahmc_blackjax", "blackjax_nuts"), ("ahmc_numpyro", "numpyro_nuts"), ("ahmc_pymc", "pymc_nuts"))
+PAIRS = (("ahmc_blackjax", "blackjax_nuts"), ("ahmc_numpyro", "numpyro_nuts"), ("ahmc_pymc", "pymc_nuts"),
+         ("ahmc_blackjax_dense", "blackjax_nuts_dense"), ("ahmc_numpyro_dense", "numpyro_nuts_dense"),
+         ("ahmc_pymc_dense", "pymc_nuts_dense"))
 STATS = ("min", "median", "max")
 
 

@@ -52,7 +52,8 @@ import numpy as np
 
 from .metrics import summarize
 from .models import MODELS, PYMC_MODEL_NAMES, get_model, initial_positions
-from .samplers import SAMPLERS
+from .report import NUTS
+from .samplers import DENSE_SAMPLERS, SAMPLERS
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCHEMA_VERSION = 1
@@ -70,10 +71,14 @@ FULL_MODELS = list(MODELS)
 # takes minutes, which the quick default cannot afford.
 RMHMC_SAMPLERS = ("armhmc",)
 RMHMC_MODEL_NAMES = ("pima", "ripley", "breast_cancer")
-DEFAULT_SAMPLERS = list(SAMPLERS)
-QUICK_SAMPLERS = [name for name in SAMPLERS if name not in RMHMC_SAMPLERS]
-NUTS_SAMPLERS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie")  # the baselines of the ratio column
-PYMC_SAMPLERS = ("ahmc_pymc", "pymc_nuts", "nutpie")  # need the model's PyMC version
+# The dense-mass-matrix variants (benchmarks.samplers.DENSE_SAMPLERS) run by name only, on models up
+# to DENSE_MAX_DIM: an O(d^2) matrix and an O(d^3) factorisation per iteration or window.
+DENSE_MAX_DIM = 200
+DEFAULT_SAMPLERS = [name for name in SAMPLERS if name not in DENSE_SAMPLERS]
+QUICK_SAMPLERS = [name for name in DEFAULT_SAMPLERS if name not in RMHMC_SAMPLERS]
+NUTS_SAMPLERS = NUTS  # the baselines of the ratio column
+PYMC_SAMPLERS = ("ahmc_pymc", "pymc_nuts", "nutpie",  # need the model's PyMC version
+                 "ahmc_pymc_dense", "pymc_nuts_dense", "nutpie_low_rank")
 # Above this dimension the per-coordinate ESS and R-hat arrays stay out of the JSON (lgcp_64 has
 # 16384 coordinates: about 0.7 MB per run); the min / median / max summaries are kept.
 PER_COORDINATE_MAX_DIM = 4096
@@ -197,6 +202,8 @@ def skip_reason(sampler_name: str, model) -> str | None:
     """Why ``sampler_name`` does not run on ``model`` (None if it does)."""
     if sampler_name in PYMC_SAMPLERS and model.name not in PYMC_MODEL_NAMES:
         return f"no PyMC version of {model.name} (benchmarks/pymc_models.py)"
+    if sampler_name in DENSE_SAMPLERS and model.dim > DENSE_MAX_DIM:
+        return f"dense mass matrix: d = {model.dim} > {DENSE_MAX_DIM}"
     if sampler_name in RMHMC_SAMPLERS and model.name not in RMHMC_MODEL_NAMES:
         return ("ARMHMC runs where the paper applies it, the logistic regressions (Fisher metric); "
                 "the funnel and the fixed-parameter RMHMC are in benchmarks.rmhmc")

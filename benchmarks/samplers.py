@@ -644,10 +644,11 @@ def run_pymc_nuts(rng_key, model, positions, num_warmup, num_samples, **options)
 
     options = dict(options)
     cores = int(options.pop("cores", 1))
+    init = options.pop("init", "adapt_diag")  # "adapt_full": PyMC's dense mass-matrix adaptation
     seed = _int_seed(rng_key)
     pm_model = _pymc_model(model)
     start = time.perf_counter()
-    _, step = pm.init_nuts(init="adapt_diag", chains=positions.shape[0], initvals=_initvals(positions),
+    _, step = pm.init_nuts(init=init, chains=positions.shape[0], initvals=_initvals(positions),
                            model=pm_model, random_seed=seed, progressbar=False, quiet=True, tune=num_warmup,
                            **options)
     compile_s = time.perf_counter() - start
@@ -756,6 +757,36 @@ def run_armhmc(rng_key, model, positions, num_warmup, num_samples, **options) ->
     return run_with_metric(rng_key, model, positions, num_warmup, num_samples, metric_for(model.name), **options)
 
 
+# --------------------------------------------------------------------------- #
+# Dense mass matrices: every sampler with its framework's dense adaptation
+# --------------------------------------------------------------------------- #
+
+
+def _with_defaults(runner: Runner, what: str, **defaults) -> Runner:
+    """``runner`` with ``defaults`` under the caller's options (``--sampler-options`` still win)."""
+
+    def run(rng_key, model, positions, num_warmup, num_samples, **options):
+        return runner(rng_key, model, positions, num_warmup, num_samples, **{**defaults, **options})
+
+    run.__name__ = f"{runner.__name__}_{'_'.join(f'{k}_{v}' for k, v in defaults.items())}"
+    run.__doc__ = f"{runner.__name__} with {defaults}: {what}."
+    return run
+
+
+# Each framework's own dense (or nearest to dense) adaptation: ahmc's three adapters with
+# dense_mass=True, BlackJAX window adaptation with a dense matrix, NumPyro NUTS dense_mass=True,
+# PyMC NUTS with init="adapt_full", nutpie's low-rank adaptation (it has no full dense one).
+DENSE_SAMPLERS: dict[str, Runner] = {
+    "ahmc_blackjax_dense": _with_defaults(run_ahmc_blackjax, "dense adapted mass matrix", dense_mass=True),
+    "ahmc_numpyro_dense": _with_defaults(run_ahmc_numpyro, "dense adapted mass matrix", dense_mass=True),
+    "ahmc_pymc_dense": _with_defaults(run_ahmc_pymc, "dense adapted mass matrix", dense_mass=True),
+    "blackjax_nuts_dense": _with_defaults(run_blackjax_nuts, "dense window adaptation",
+                                          is_mass_matrix_diagonal=False),
+    "numpyro_nuts_dense": _with_defaults(run_numpyro_nuts, "dense adapted mass matrix", dense_mass=True),
+    "pymc_nuts_dense": _with_defaults(run_pymc_nuts, "PyMC's dense adaptation", init="adapt_full"),
+    "nutpie_low_rank": _with_defaults(run_nutpie, "nutpie's low-rank mass-matrix adaptation", adaptation="low_rank"),
+}
+
 # name -> runner; every runner has the signature described in the module docstring.
 SAMPLERS: dict[str, Runner] = {
     "blackjax_nuts": run_blackjax_nuts,
@@ -767,4 +798,5 @@ SAMPLERS: dict[str, Runner] = {
     "nutpie": run_nutpie,
     "chees": run_chees,
     "armhmc": run_armhmc,
+    **DENSE_SAMPLERS,
 }

@@ -650,6 +650,36 @@ def test_armhmc_runs_on_the_logistic_regressions_and_is_skipped_elsewhere():
     assert "armhmc" not in run.parse_args([]).samplers and "armhmc" in run.parse_args(["--full"]).samplers
 
 
+def test_dense_variants_pass_their_option_run_by_name_only_and_count_as_nuts_baselines(monkeypatch):
+    from benchmarks import report, samplers
+
+    seen = {}
+
+    def fake(rng_key, model, positions, num_warmup, num_samples, **options):
+        seen.update(options)
+
+    monkeypatch.setattr(samplers, "run_numpyro_nuts", fake)
+    variant = samplers._with_defaults(samplers.run_numpyro_nuts, "dense", dense_mass=True)
+    variant(None, None, None, 1, 1, target_accept_prob=0.9)
+    assert seen == {"dense_mass": True, "target_accept_prob": 0.9}
+    variant(None, None, None, 1, 1, dense_mass=False)  # the caller's options win
+    assert seen["dense_mass"] is False
+    for name in samplers.DENSE_SAMPLERS:
+        assert name not in run.parse_args([]).samplers and name not in run.parse_args(["--full"]).samplers
+        assert run.skip_reason(name, models.get_model("pima")._replace(dim=201)).startswith("dense mass matrix: d = 201")
+        assert run.skip_reason(name, models.get_model("pima")) is None
+        assert name in report.AHMC or name in report.NUTS
+    assert {"numpyro_nuts_dense", "blackjax_nuts_dense", "pymc_nuts_dense"} <= set(run.NUTS_SAMPLERS)
+
+
+def test_dense_ahmc_runner_smoke():
+    pytest.importorskip("blackjax")
+    jax = pytest.importorskip("jax")
+    model = models.get_model("corr_gauss_2")
+    out = run.SAMPLERS["ahmc_blackjax_dense"](jax.random.key(0), model, models.initial_positions(model, 2, 0), 200, 50)
+    assert out.draws.shape == (2, 50, 2) and np.all(np.isfinite(out.draws))
+
+
 def test_jitter_study_runs_nuts_once_per_seed_and_divides_means_and_squares_by_the_best_nuts(monkeypatch, tmp_path):
     from benchmarks import jitter
 
