@@ -110,6 +110,26 @@ def test_dense_mass_whitens_a_correlated_gaussian():
     assert np.all(rewards[~np.isnan(rewards)] > 0) and np.median(moments.sample_stats["step_size"].values) > 0.4
 
 
+def test_stan_windows_match_stans_schedule():
+    from ahmc.adapters.pymc import stan_windows
+
+    # Stan, 1000 warm-up: buffer 75, windows 25/50/100/200/500 (the last stretched), terminal 50.
+    assert stan_windows(1000) == (75, (100, 150, 250, 450, 950))
+    assert stan_windows(500) == (75, (100, 150, 250, 450))
+    assert stan_windows(100) == (15, (90,))  # short: 15% / 75% / 10%
+    assert stan_windows(0) == (0, ())
+
+
+def test_dense_mass_with_more_dimensions_than_the_first_window_has_draws():
+    """40 dimensions, scales 0.1-10: one chain's 25-draw first window is rank-deficient; the estimate
+    must not freeze the directions it missed (it did with Stan's shrinkage alone: a 1000-fold miss)."""
+    scales = np.logspace(-1, 1, 40)
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, scales, shape=40)
+    idata = sample(model, random_seed=19, step_kwargs=dict(dense_mass=True), **CORRECTNESS)
+    assert_moments_match(idata.posterior["x"].values, np.zeros(40), scales)
+
+
 @pytest.mark.parametrize("name", [
     "eight_schools-eight_schools_noncentered",
     "kidiq-kidscore_momiq",
