@@ -160,8 +160,9 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
     previous window, re-factorised every iteration) suits NUTS's full-length tune; one chain
     of ahmc's shorter metric phase then still carries its transient into the estimate
     (measured on breast cancer, d = 31: a direction under-estimated 1000-fold).  Here every
-    window starts afresh, the estimate is shrunk towards the identity as Stan does, and the
-    matrix changes only at a window's end.
+    window starts afresh, the window's correlations are shrunk towards zero when it holds few
+    draws for its dimension, then the estimate towards the identity as Stan does, and the matrix
+    changes only at a window's end.
     """
 
     _state_class = _WarmupFullAdaptState
@@ -204,10 +205,6 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
                 self._chol_error = error
             self._foreground_cov = window  # its mean centres esjd_moments' squares
             self._background_cov = type(window)(self._n, dtype=self.dtype)
-
-    def whiten(self, x):
-        """``C^{-1} x`` for the covariance estimate ``C C^T`` (the inverse mass matrix)."""
-        return scipy.linalg.solve_triangular(self._chol, x, lower=True)
 
     def whiten(self, x):
         """``C^{-1} x`` for the covariance estimate ``C C^T`` (the inverse mass matrix)."""
@@ -257,9 +254,10 @@ class AdaptiveHMC(BaseHMC):
     adapt_mass_matrix : bool
         Adapt a diagonal mass matrix during warm-up (ignored with ``potential``/``scaling``).
     dense_mass : bool
-        Adapt a dense mass matrix instead (PyMC's ``QuadPotentialFullAdapt``, as ``init="adapt_full"``
-        gives NUTS); the reward's jumps are then whitened by its Cholesky factor.  For correlated
-        posteriors of up to a few hundred dimensions (README, "Dense mass matrix").
+        Adapt a dense mass matrix instead (a ``QuadPotentialFullAdapt`` estimated in Stan's windows
+        per chain, correlations shrunk for short windows); the reward's jumps are then whitened by
+        its Cholesky factor.  For correlated posteriors of up to a few hundred dimensions (README,
+        "Dense mass matrix").
     initial_step_size : float, optional
         First step size (default: PyMC's ``0.25 / n**0.25``).
     metric_fraction : float, optional

@@ -672,6 +672,14 @@ def test_dense_variants_pass_their_option_run_by_name_only_and_count_as_nuts_bas
     assert {"numpyro_nuts_dense", "blackjax_nuts_dense", "pymc_nuts_dense"} <= set(run.NUTS_SAMPLERS)
 
 
+def test_dense_table_reads_the_committed_results():
+    from benchmarks import dense_table
+
+    lines = dense_table.table(*dense_table.load_runs())
+    assert len(lines) == 2 + len(dense_table.MODELS) and all("nan" not in line for line in lines)
+    assert "nutpie_low_rank" in dense_table.NUTS_DENSE and "nutpie" in dense_table.NUTS_DIAGONAL
+
+
 def test_dense_ahmc_runner_smoke():
     pytest.importorskip("blackjax")
     jax = pytest.importorskip("jax")
