@@ -13,7 +13,8 @@ summary gives, per model, the min bulk ESS per gradient of the coordinates (mean
 and of their squares (variances) for every fraction, and as a ratio to the best
 NUTS of the same seed: the jitter moves the two in opposite directions.
 
-``--objective esjd_moments`` runs the AHMC sampler with that reward (every fraction);
+``--objective esjd_moments`` runs the AHMC sampler with that reward (every fraction), ``--sampler-options``
+any further options of it (JSON, e.g. ``{"dense_mass": true}``);
 ``--baseline <summary.json>`` takes the best NUTS of each model and seed from an earlier
 summary of this tool (same seeds and settings) instead of running NUTS again:
 
@@ -102,7 +103,8 @@ def markdown(summary: dict, command: str, environment: str) -> str:
         "# Leapfrog jitter: `L_t ~ U{ceil(f L)..L}` against the best NUTS", "",
         f"`{command}`", "",
         f"Sampler `{summary['sampler']}` with `min_steps_fraction = f` (`f = 0`: the paper's `U{{1..L}}`)"
-        f"{', objective `' + summary['objective'] + '`' if summary.get('objective') else ''}; "
+        f"{', objective `' + summary['objective'] + '`' if summary.get('objective') else ''}"
+        f"{', options `' + json.dumps(summary['sampler_options']) + '`' if summary.get('sampler_options') else ''}; "
         f"NUTS: best of {', '.join(summary['nuts'])} in the same seed"
         f"{' (from ' + summary['baseline'] + ')' if summary.get('baseline') else ''}. Min bulk ESS per gradient over the "
         f"coordinates (means) and over their squares (variances), as a ratio to the best NUTS (mean over "
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--nuts", default="blackjax_nuts,numpyro_nuts")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--objective", default=None, help="the AHMC sampler's objective (default: its own)")
+    parser.add_argument("--sampler-options", type=json.loads, default={},
+                        help="further options of the AHMC sampler (JSON object), e.g. '{\"log_num_steps\": true}'")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="an earlier summary of this tool: its best NUTS per model and seed (NUTS is not run)")
     parser.add_argument("--output", type=Path, required=True)
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
         for index, fraction in enumerate(fractions):
             samplers = ([*nuts, args.sampler] if index == 0 and baseline is None else [args.sampler])
             path = args.output.with_name(f"{args.output.stem}_f{fraction:g}_seed{seed}.json")
-            sampler_options = {"min_steps_fraction": fraction}
+            sampler_options = {**args.sampler_options, "min_steps_fraction": fraction}
             if args.objective is not None:
                 sampler_options["objective"] = args.objective
             options = json.dumps({args.sampler: sampler_options})
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
             environment = environment or f"{env.get('cpu_model', '?')}, {env.get('nproc', '?')} CPUs (shared)"
     command = "python -m benchmarks.jitter " + shlex.join(argv)
     summary = {"command": command, "environment": environment, "objective": args.objective,
+               "sampler_options": args.sampler_options,
                "baseline": None if args.baseline is None else str(args.baseline),
                **summarize(runs, args.models.split(","), nuts, args.sampler, baseline)}
     args.output.write_text(json.dumps(summary, indent=1) + "\n")

@@ -721,9 +721,11 @@ def test_jitter_study_runs_nuts_once_per_seed_and_divides_means_and_squares_by_t
     calls.clear()
     summary = jitter.main(["--models", "m", "--fractions", "0,0.5", "--sampler", "ahmc", "--seeds", "0",
                            "--objective", "esjd_moments", "--baseline", str(tmp_path / "j.json"),
-                           "--output", str(tmp_path / "k.json")])
+                           "--sampler-options", '{"dense_mass": true}', "--output", str(tmp_path / "k.json")])
     assert [call[call.index("--samplers") + 1] for call in calls] == ["ahmc", "ahmc"]
-    assert all(json.loads(c[c.index("--sampler-options") + 1])["ahmc"]["objective"] == "esjd_moments" for c in calls)
+    passed = [json.loads(c[c.index("--sampler-options") + 1])["ahmc"] for c in calls]
+    assert all(p["objective"] == "esjd_moments" and p["dense_mass"] is True for p in passed)
+    assert [p["min_steps_fraction"] for p in passed] == [0.0, 0.5]
     assert summary["nuts"] == ["nuts_a", "nuts_b"] and summary["table"]["m"]["best_nuts_means"] == [0.2]
     assert summary["table"]["m"]["f0_means"]["ratio_mean"] == pytest.approx(1.5)
     assert "objective `esjd_moments`" in (tmp_path / "k.md").read_text()
