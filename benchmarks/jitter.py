@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--objective", default=None, help="the AHMC sampler's objective (default: its own)")
     parser.add_argument("--sampler-options", type=json.loads, default={},
-                        help="further options of the AHMC sampler (JSON object), e.g. '{\"log_num_steps\": true}'")
+                        help="further options of the AHMC sampler (JSON object), e.g. '{\"dense_mass\": true}'")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="an earlier summary of this tool: its best NUTS per model and seed (NUTS is not run)")
     parser.add_argument("--output", type=Path, required=True)
