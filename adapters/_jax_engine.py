@@ -70,7 +70,7 @@ from blackjax.adaptation.window_adaptation import build_schedule
 
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, RoundStats, TunerState, check_min_steps_fraction,
                        get_objective, gp_ucb, min_num_steps, needs_center, round_init,
-                       round_update, search_space)
+                       round_update, search_space, shrink_correlations)
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
            "sample", "lost_chains", "far_below", "climbing"]
@@ -788,7 +788,11 @@ def build_engine(
             def close_window(operand):
                 mm_state, _, da_state, _ = operand
                 window_mean = mm_state.wc_state.mean.astype(dtype) if use_center else None
+                num_draws = mm_state.wc_state.sample_size
                 mm_state = mm_final(mm_state)
+                if dense_mass:  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
+                    mm_state = mm_state._replace(inverse_mass_matrix=shrink_correlations(
+                        mm_state.inverse_mass_matrix, num_draws, jnp))
                 restart = da_init(jnp.exp(da_state.log_step_size))
                 return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart, window_mean
 

@@ -70,7 +70,8 @@ from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, adapt_probability, check_min_steps_fraction, get_objective,
-                       gp_ucb, min_num_steps, needs_center, round_init, round_update, search_space)
+                       gp_ucb, min_num_steps, needs_center, round_init, round_update, search_space,
+                       shrink_correlations)
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -192,12 +193,7 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
             window = self._background_cov
             n = window.n_samples
             cov = window.current_covariance()
-            # Shrink the correlations towards zero when the window holds few draws for its dimension
-            # (one chain's 25-draw first window cannot estimate a 31 x 31 matrix: directions it missed
-            # got a tiny variance, froze, and stayed missed), then towards the identity as Stan does.
-            # Squared, so that a long window keeps correlations of 0.99 (test_pymc.py).
-            weight = (self._n / (n + self._n)) ** 2
-            cov = (1 - weight) * cov + weight * np.diag(np.diag(cov))
+            cov = shrink_correlations(cov, n)  # a short window's missed directions must not freeze
             self._cov = (n / (n + 5.0)) * cov + 1e-3 * (5.0 / (n + 5.0)) * np.eye(self._n)
             try:
                 self._chol = scipy.linalg.cholesky(self._cov, lower=True)

@@ -25,10 +25,12 @@ from .objectives import (
     round_update,
     with_divergence_penalty,
 )
+from .mass_matrix import shrink_correlations
 from .space import SearchSpace, check_min_steps_fraction, min_num_steps, search_space
 from .tuner import Surrogate, Tuner, TunerInfo, TunerState, adapt_probability, gp_ucb, ucb_beta
 
 __all__ = [
+    "shrink_correlations",
     "ArmBuffer",
     "DEFAULT_DIVERGENCE_PENALTY",
     "OBJECTIVES",

@@ -95,6 +95,19 @@ def test_dense_mass_whitens_a_correlated_gaussian(objective):
     assert np.median(np.asarray(info.step_size)[sampling]) > 0.4
 
 
+def test_dense_mass_with_more_dimensions_than_the_first_window_has_draws():
+    """120 dimensions, 4 chains: the first mass-matrix window pools 100 draws, a singular estimate. Its
+    missed directions must not freeze (with BlackJAX's shrinkage alone they did: the 16 x 16 LGCP had
+    R-hat 1.5)."""
+    scales = jnp.asarray(np.logspace(-1, 1, 120))
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / scales) ** 2)
+
+    samples, _ = run_chains(jax.random.key(62), logdensity, initial_positions(63, 120), 1000, 1000, dense_mass=True)
+    assert_moments_match(np.asarray(samples), np.zeros(120), np.asarray(scales))
+
+
 def test_dense_mass_checks_the_inverse_mass_matrix_shape():
     with pytest.raises(ValueError, match=r"\(3, 3\) matrix with dense_mass=True"):
         run_chains(jax.random.key(0), standard_normal, initial_positions(1, 3), 10, 10, dense_mass=True,
