@@ -320,7 +320,8 @@ def build_engine(
         ``inverse_mass_matrix`` (default identity) fixed.
     dense_mass
         ``True``: a dense inverse mass matrix (the window's covariance, BlackJAX's
-        estimator with its regularisation), as NumPyro's ``dense_mass=True``; a
+        estimator with its regularisation, correlations shrunk by
+        :func:`ahmc.core.shrink_correlations`), as NumPyro's ``dense_mass=True``; a
         given ``inverse_mass_matrix`` is then ``(d, d)``.  It whitens correlated
         posteriors a diagonal cannot (the logistic regressions' coefficients), at
         O(d^2) memory and an O(d^3) Cholesky per iteration: for d up to a few
