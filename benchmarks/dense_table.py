@@ -13,13 +13,14 @@ import json
 from pathlib import Path
 
 from .report import NUTS
+from .samplers import DENSE_SAMPLERS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FILES = ("bench_full.json", "bench_lr_dense.json", "bench_dense_others.json")
 MODELS = ("pima", "ripley", "breast_cancer", "std_gauss_10", "diag_gauss_10", "corr_gauss_2", "eight_schools",
           "kidiq", "earnings", "sblrc", "arK", "garch", "gp_pois_regr", "diamonds", "gauss_mix")
-NUTS_DIAGONAL = tuple(name for name in NUTS if not name.endswith("_dense") and name != "nutpie_low_rank")
-NUTS_DENSE = tuple(name for name in NUTS if name not in NUTS_DIAGONAL)
+NUTS_DENSE = tuple(name for name in NUTS if name in DENSE_SAMPLERS)
+NUTS_DIAGONAL = tuple(name for name in NUTS if name not in DENSE_SAMPLERS)
 
 
 def load_runs(files=FILES) -> tuple[dict, dict]:
