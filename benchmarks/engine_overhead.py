@@ -15,7 +15,7 @@ state with the same keys:
 Reports microseconds per iteration (all chains), min and median over repeats,
 and the leapfrog steps per chain per iteration::
 
-    ./dev run python -m benchmarks.engine_overhead [--models std_gauss_10,...] [--repeats 21]
+    ./dev run python -m benchmarks.engine_overhead [--models std_gauss_10,...] [--repeats 21] [--dense]
 
 Writes ``benchmarks/results/engine_overhead.{json,md}``.  Wall-clock figures
 on this machine's 2 shared cores: compare the columns of one run, not runs.
@@ -45,7 +45,7 @@ def _time(compiled, args, repeats):
     return np.asarray(times), out
 
 
-def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=21, seed=0) -> dict:
+def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=21, seed=0, dense_mass=False) -> dict:
     """Per-iteration times of the three ways (see the module docstring) on one model."""
     import jax
     import jax.numpy as jnp
@@ -56,7 +56,7 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
     from . import models as bench_models
 
     positions = jnp.asarray(bench_models.initial_positions(model, num_chains, seed))
-    engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup)
+    engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, dense_mass=dense_mass)
     init_key, warm_key, draw_key, bare_key = jax.random.split(jax.random.key(seed), 4)
     scan = jax.jit(_jax_engine._scan_impl, static_argnums=(0, 3, 4))
     state = engine.init(positions, init_key)
@@ -89,7 +89,8 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
                 "steps_per_chain_iteration": float(np.mean(np.asarray(steps)))}
 
     return {
-        "model": model.name, "dim": int(model.dim), "num_chains": num_chains, "num_iterations": num_iterations,
+        "model": model.name, "dim": int(model.dim), "dense_mass": bool(dense_mass), "num_chains": num_chains,
+        "num_iterations": num_iterations,
         "repeats": repeats, "final_step_size": float(parameters["step_size"]),
         "final_num_steps": int(parameters["num_integration_steps"]),
         "step": row(t_step, info.num_integration_steps),
@@ -112,13 +113,13 @@ def markdown(results: dict) -> str:
         "per chain per iteration. `step`: scan of `engine.step` (before); `scan_draws`: what `run_chains` "
         "runs now; `bare`: BlackJAX `dynamic_hmc` at the final arm, no tuner.",
         "",
-        "| model | d | chains | step (us) | scan_draws (us) | bare BlackJAX (us) | speed-up | scan_draws / bare | steps | same draws |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | d | mass matrix | chains | step (us) | scan_draws (us) | bare BlackJAX (us) | speed-up | scan_draws / bare | steps | same draws |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["models"]:
         s, d, b = r["step"], r["scan_draws"], r["bare"]
         lines.append(
-            f"| {r['model']} | {r['dim']} | {r['num_chains']} | {s['us_per_iteration_min']:.1f} / "
+            f"| {r['model']} | {r['dim']} | {'dense' if r.get('dense_mass') else 'diagonal'} | {r['num_chains']} | {s['us_per_iteration_min']:.1f} / "
             f"{s['us_per_iteration_median']:.1f} | {d['us_per_iteration_min']:.1f} / "
             f"{d['us_per_iteration_median']:.1f} | {b['us_per_iteration_min']:.1f} / "
             f"{b['us_per_iteration_median']:.1f} | {s['us_per_iteration_min'] / d['us_per_iteration_min']:.2f}x | "
@@ -135,6 +136,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--num-iterations", type=int, default=1000)
     parser.add_argument("--num-warmup", type=int, default=1000)
+    parser.add_argument("--dense", action="store_true", help="dense_mass=True (the bare kernel gets the dense matrix)")
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
 
@@ -148,7 +150,8 @@ def main(argv=None) -> dict:
     for name in args.models.split(","):
         print(f"{name} ...", flush=True)
         rows.append(measure(bench_models.get_model(name), num_warmup=args.num_warmup,
-                            num_iterations=args.num_iterations, repeats=args.repeats))
+                            num_iterations=args.num_iterations, repeats=args.repeats,
+                            dense_mass=args.dense))
     args.seed = 0
     results = save_study(args, argv, "engine_overhead", rows, markdown, args.output)
     print(markdown(results))
