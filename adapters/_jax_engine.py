@@ -134,6 +134,11 @@ class EngineState(NamedTuple):
     Only with ``objective="esjd_moments"`` (``None`` otherwise):
 
     center : float, (D,)                 mean of the latest mass-matrix window (flattened position)
+
+    Only with ``dense_mass=True`` (``None`` otherwise):
+
+    whitening : float, (D, D)            inverse Cholesky factor of ``inverse_mass_matrix``: the
+                                         reward measures jumps as ``whitening @ x``
     """
 
     position: Any
@@ -153,6 +158,17 @@ class EngineState(NamedTuple):
     round_target: Any = None
     round_end_state: Any = None
     center: Any = None
+    whitening: Any = None
+
+
+def inverse_cholesky(matrix):
+    """``W = C^-1`` for ``matrix = C C^T``, so that ``W x`` is ``x`` in the frame the matrix whitens.
+
+    Computed once per mass-matrix window and carried in the state: whitening is then a matrix
+    product, where a triangular solve per iteration cost ~1 ms at d = 256 on XLA's CPU backend
+    (BENCHMARKS.md, "Engine cost per iteration")."""
+    factor = jnp.linalg.cholesky(matrix)
+    return jax.scipy.linalg.solve_triangular(factor, jnp.eye(matrix.shape[0], dtype=matrix.dtype), lower=True)
 
 
 class EngineInfo(NamedTuple):
@@ -663,7 +679,7 @@ def build_engine(
             iteration=jnp.asarray(0, jnp.int32), tuner=tuner_state, round_stats=stats,
             inverse_mass_matrix=imm, box=box, step_size_adaptation=da_init(eps0),
             mass_matrix_adaptation=mm_init(dim, dtype), adapt_probability=jnp.asarray(1.0, dtype),
-            window=window_init(num_chains, dtype),
+            window=window_init(num_chains, dtype), whitening=inverse_cholesky(imm) if dense_mass else None,
             **round_buffers(positions, tuner_state, box, rng_key),
         )
 
@@ -747,6 +763,7 @@ def build_engine(
             flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
             da_state, mm_state = state.step_size_adaptation, state.mass_matrix_adaptation
             imm, box, center = state.inverse_mass_matrix, state.box, state.center
+            whitening = state.whitening
             lost = jnp.zeros((num_chains,), bool)
         else:
             # Warm-up adapters (pooled over chains).
@@ -799,6 +816,8 @@ def build_engine(
 
             mm_state, imm, da_state, center = jax.lax.cond(
                 window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state, state.center))
+            whitening = (jax.lax.cond(window_end, inverse_cholesky, lambda _: state.whitening, imm)
+                         if dense_mass else None)
 
             # The GP phase starts: fix eps* and (if automatic) the search box.
             starts_gp = it == metric_phase - 1
@@ -815,14 +834,9 @@ def build_engine(
 
         # Round bookkeeping in the whitened metric.
         flat_old = jax.vmap(lambda p: ravel_pytree(p)[0])(state.position)
-        if dense_mass:  # whiten by the Cholesky factor of the covariance estimate imm = C C^T
-            # In scan_draws imm is loop-invariant and XLA hoists this factorisation (and BlackJAX's
-            # own) out of the loop: one per call, not per iteration (compiled HLO checked). Where the
-            # caller drives the loop (engine.step, NumPyro's kernel) both run every iteration.
-            factor = jnp.linalg.cholesky(imm)
-            whiten = jax.vmap(lambda x: jax.scipy.linalg.solve_triangular(factor, x, lower=True))
-            flat_old, flat_new = whiten(flat_old), whiten(flat_new)
-            stats_center = None if center is None else whiten(center[None])[0]
+        if dense_mass:  # jumps in the frame of the covariance estimate imm = C C^T: C^-1 x
+            flat_old, flat_new = flat_old @ whitening.T, flat_new @ whitening.T
+            stats_center = None if center is None else whitening @ center
             scale = None
         else:
             scale, stats_center = jnp.sqrt(imm), center
@@ -896,7 +910,7 @@ def build_engine(
             position=new.position, logdensity=new.logdensity, logdensity_grad=new.logdensity_grad,
             iteration=it + 1, tuner=tuner_state, round_stats=stats, inverse_mass_matrix=imm, box=box,
             step_size_adaptation=da_state, mass_matrix_adaptation=mm_state, adapt_probability=p,
-            window=window, center=center,
+            window=window, center=center, whitening=whitening,
         )
         round_index = jnp.where(in_metric_phase, 0, since_gp // round_length + 1).astype(jnp.int32)
         is_warmup = it < num_warmup
