@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ahmc.core.diagnostics import TuningConfig, TuningHistory, arm_parameters, tuning_history
+from ahmc.core.diagnostics import TuningConfig, TuningHistory, arm_parameters, strongest_correlation, tuning_history
 
 __all__ = ["history_from_datatree", "history_from_blackjax", "config_from_engine", "config_from_numpyro"]
 
@@ -117,7 +117,29 @@ def history_from_datatree(tree, *, config=None, names: Mapping | None = None) ->
         flags = None  # no warm-up group: use the stats' own flag (PyMC's `tune`), if any
     config = config if config is not None else _config_attr(tree, main, warm)
     config = _with_box(config, stats)
-    return tuning_history(stats, config=config, names=names, is_warmup=flags)
+    history = tuning_history(stats, config=config, names=names, is_warmup=flags)
+    if RMHMC_STAT in stats:  # a Riemannian metric: no mass matrix to suggest
+        return history
+    return history._replace(strongest_correlation=_posterior_correlation(_child(tree, "posterior")))
+
+
+def _posterior_correlation(posterior):
+    """:func:`ahmc.core.diagnostics.strongest_correlation` of a DataTree posterior group (None without one)."""
+    if posterior is None:
+        return None
+    columns, names = [], []
+    for name, variable in posterior.data_vars.items():
+        values = _chain_draw(variable)
+        if values is None or not np.issubdtype(values.dtype, np.number):
+            continue
+        flat = values.reshape(values.shape[0], values.shape[1], -1)
+        shape = values.shape[2:]
+        columns.append(flat)
+        names += [name if not shape else f"{name}[{', '.join(map(str, np.unravel_index(i, shape)))}]"
+                  for i in range(flat.shape[-1])]
+    if not columns:
+        return None
+    return strongest_correlation(np.concatenate(columns, axis=-1), names)
 
 
 def history_from_blackjax(info, *, config=None, names: Mapping | None = None, search_box=None,
@@ -180,6 +202,7 @@ def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> 
         capacity=int(get("capacity")), lengthscale=float(get("lengthscale")),
         noise_variance=float(get("noise_variance")), alpha=float(get("alpha")), delta=float(get("delta")),
         schedule=str(get("schedule")), k=options.get("k"), decay=float(get("decay")),
+        dense_mass=bool(get("dense_mass")),
     )
 
 

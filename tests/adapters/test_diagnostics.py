@@ -216,3 +216,24 @@ def test_plots_without_matplotlib_name_the_extra():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode != 0
     assert "ImportError" in result.stderr and "ahmc[plot]" in result.stderr
+
+
+def test_datatree_history_reads_the_posterior_correlation(numpyro_run):
+    """The summary names a strongly correlated pair of the posterior and suggests dense_mass=True,
+    unless the config says the run already had it."""
+    mcmc, tree = numpyro_run
+    config = config_from_numpyro(mcmc)
+    assert config.dense_mass is False
+    weak = history_from_datatree(tree, config=config)  # mu and sigma of a normal: nearly uncorrelated
+    assert abs(weak.strongest_correlation[0]) < 0.5 and "Hint:" not in tuning_summary(weak)
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(2, 100, 2))
+    beta = np.stack([z[..., 0], z[..., 0] + 0.1 * z[..., 1]], axis=-1)
+    tree = tree.copy()
+    tree["posterior"] = xr.Dataset({"beta": (("chain", "draw", "beta_dim_0"), beta),
+                                    "tau": (("chain", "draw"), z[..., 1])})
+    strong = history_from_datatree(tree, config=config)
+    assert strong.strongest_correlation[1:] == ("beta[0]", "beta[1]")
+    assert "Hint: posterior correlation +0.99 between beta[0] and beta[1]" in tuning_summary(strong)
+    dense = history_from_datatree(tree, config=config._replace(dense_mass=True))
+    assert "Hint:" not in tuning_summary(dense)

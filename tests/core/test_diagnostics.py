@@ -226,3 +226,31 @@ def test_config_round_trips_through_json_and_is_needed_for_the_surrogate(run):
     assert "No sign" in tuning_summary(history)  # no box: no edge check, the rest still runs
     with pytest.raises(ValueError, match="schedule"):
         TuningConfig.parse({"step_size": (0.1, 1), "num_steps": (1, 5), "schedule": "linear"})
+
+
+def test_strongest_correlation_finds_the_pair_and_skips_constant_coordinates():
+    from ahmc.core.diagnostics import strongest_correlation
+
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(2, 2000, 4))
+    draws = np.concatenate([z[..., :1], np.ones((2, 2000, 1)), z[..., 1:3], -z[..., :1] + 0.2 * z[..., 3:]], axis=-1)
+    r, a, b = strongest_correlation(draws, ["a", "const", "b", "c", "d"])
+    assert (a, b) == ("a", "d") and r == pytest.approx(-1 / np.sqrt(1.04), abs=0.01)
+    assert strongest_correlation(np.c_[z[0, :, 0], np.ones(2000)]) is None  # one varying coordinate
+    assert strongest_correlation(z, max_dim=3) is None
+    with pytest.raises(ValueError, match="names has 2 entries for 4"):
+        strongest_correlation(z, ["a", "b"])
+
+
+def test_summary_suggests_dense_mass_only_for_strong_correlations_without_it():
+    from ahmc.core.diagnostics import dense_mass_hint
+
+    stats, _, _, config = simulate()
+    history = tuning_history(stats, config=config._replace(dense_mass=False))
+    assert dense_mass_hint(history) is None  # no draws given
+    strong = history._replace(strongest_correlation=(0.97, "beta[1]", "beta[2]"))
+    assert "Hint: posterior correlation +0.97 between beta[1] and beta[2]" in tuning_summary(strong)
+    assert "dense_mass=True" in dense_mass_hint(strong) and "Ignore this" not in dense_mass_hint(strong)
+    assert dense_mass_hint(strong._replace(config=None)).endswith("already used dense_mass=True.")
+    assert dense_mass_hint(history._replace(strongest_correlation=(-0.85, "a", "b"))) is None
+    assert dense_mass_hint(strong._replace(config=strong.config._replace(dense_mass=True))) is None
