@@ -186,7 +186,13 @@ def _armhmc_fp10(rng_key, model, positions, num_warmup, num_samples, metric) -> 
     return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, max_fixed_point_iterations=10)
 
 
-SAMPLERS = {"armhmc": run_armhmc, "armhmc_paper_box": _armhmc_paper_box, "armhmc_no_penalty": _armhmc_no_penalty,
+def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+    """ARMHMC with ``min_steps_fraction=0.5``: ``L_t ~ U{ceil(L/2)..L}``, closer to the fixed-``L``
+    trajectories of the hand-set RMHMC than the paper's ``U{1..L}``."""
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, min_steps_fraction=0.5)
+
+
+SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box, "armhmc_no_penalty": _armhmc_no_penalty,
             "armhmc_fp10": _armhmc_fp10, "blackjax_nuts": _nuts,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
