@@ -3,7 +3,8 @@
 Import-light: nothing from a framework at module level.  A DataTree is read
 by duck typing (``tree["sample_stats"]``, ``.data_vars``, ``.dims``,
 ``.attrs``), so xarray's DataTree and ArviZ's older InferenceData both work.
-JAX is imported only by :func:`config_from_engine` and :func:`config_from_numpyro`.
+JAX is imported only by :func:`config_from_engine`, :func:`config_from_numpyro` and (given
+``samples``) :func:`history_from_blackjax`.
 
 Warm-up draws hold most GP rounds, so keep them: PyMC with
 ``pm.sample(..., discard_tuned_samples=False)``; NumPyro with
@@ -118,7 +119,7 @@ def history_from_datatree(tree, *, config=None, names: Mapping | None = None) ->
     config = config if config is not None else _config_attr(tree, main, warm)
     config = _with_box(config, stats)
     history = tuning_history(stats, config=config, names=names, is_warmup=flags)
-    if RMHMC_STAT in stats:  # a Riemannian metric: no mass matrix to suggest
+    if _riemannian(stats):  # a position-dependent metric: no mass matrix to suggest
         return history
     return history._replace(strongest_correlation=_posterior_correlation(_child(tree, "posterior")))
 
@@ -142,7 +143,7 @@ def _posterior_correlation(posterior):
     return strongest_correlation(np.concatenate(columns, axis=-1), names)
 
 
-def history_from_blackjax(info, *, config=None, names: Mapping | None = None, search_box=None,
+def history_from_blackjax(info, *, config=None, names: Mapping | None = None, search_box=None, samples=None,
                           **options) -> TuningHistory:
     """Tuning history of a BlackJAX run.
 
@@ -152,6 +153,9 @@ def history_from_blackjax(info, *, config=None, names: Mapping | None = None, se
     surrogate needs ``config``, or the box (``info.search_box`` or
     ``search_box=``) plus the ``options`` the run was given (GP settings,
     ``num_step_sizes``, ...), resolved as in :func:`config_from_engine`.
+    ``samples`` (optional): the draws, a position pytree with leading axes ``(chains, draws)``
+    as :func:`ahmc.adapters.blackjax.run_chains` returns them; the history then holds their
+    strongest correlation (the summary's hint on ``dense_mass``).
     """
     engine_info = getattr(info, "info", info)
     search_box = getattr(info, "search_box", None) if search_box is None else search_box
@@ -167,7 +171,32 @@ def history_from_blackjax(info, *, config=None, names: Mapping | None = None, se
     if tuner_state is not None and config is not None:  # the arm after the last update (e.g. the exploit move)
         arms = np.atleast_1d(np.asarray(tuner_state.arm))
         final_arm = tuple(np.array(v) for v in zip(*(arm_parameters(config, a) for a in arms)))
-    return tuning_history(stats, config=config, names=names, final_arm=final_arm)
+    history = tuning_history(stats, config=config, names=names, final_arm=final_arm)
+    if samples is None or _riemannian(stats):
+        return history
+    return history._replace(strongest_correlation=_samples_correlation(samples))
+
+
+def _riemannian(stats) -> bool:
+    """An RMHMC run: its stats say whether the implicit solves converged, and (the JAX engine, whose
+    info always has that field) its cost counts metric evaluations beyond the leapfrog steps."""
+    if RMHMC_STAT not in stats:
+        return False
+    if "num_gradient_evals" in stats and "num_integration_steps" in stats:
+        return not np.array_equal(stats["num_gradient_evals"], stats["num_integration_steps"])
+    return True
+
+
+def _samples_correlation(samples):
+    """Strongest correlation of a position pytree with leading axes (chains, draws); leaves flattened
+    in ``jax.tree_util`` order, named ``x[i]`` over the flattened position."""
+    import jax  # samples are a JAX pytree
+
+    leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(samples)]
+    if not leaves:
+        return None
+    flat = np.concatenate([leaf.reshape(leaf.shape[0], leaf.shape[1], -1) for leaf in leaves], axis=-1)
+    return strongest_correlation(flat)
 
 
 def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> TuningConfig:

@@ -237,3 +237,32 @@ def test_datatree_history_reads_the_posterior_correlation(numpyro_run):
     assert "Hint: posterior correlation +0.99 between beta[0] and beta[1]" in tuning_summary(strong)
     dense = history_from_datatree(tree, config=config._replace(dense_mass=True))
     assert "Hint:" not in tuning_summary(dense)
+
+
+def test_blackjax_history_reads_the_correlation_of_the_samples():
+    pytest.importorskip("blackjax")
+    from ahmc.adapters.blackjax import run_chains
+
+    cov = jnp.array([[1.0, 0.95], [0.95, 1.0]])
+    precision = jnp.linalg.inv(cov)
+
+    def logdensity(x):
+        return -0.5 * x @ precision @ x
+
+    options = {"round_length": 5}
+    samples, info = run_chains(jax.random.key(2), logdensity, jnp.zeros((2, 2)), 200, 200, **options)
+    history = history_from_blackjax(info, search_box=None, samples=samples, **options)
+    r, a, b = history.strongest_correlation
+    assert (a, b) == ("x[0]", "x[1]") and r == pytest.approx(0.95, abs=0.04)
+    assert history_from_blackjax(info, **options).strongest_correlation is None
+
+
+def test_riemannian_runs_get_no_mass_matrix_hint():
+    from ahmc.adapters.diagnostics import _riemannian
+
+    steps = np.array([[3, 1, 2]])
+    assert not _riemannian({"n_steps": steps})  # PyMC / NumPyro HMC: no solver stat
+    assert _riemannian({"fixed_point_converged": np.ones_like(steps, bool)})  # PyMC / NumPyro RMHMC
+    engine = {"fixed_point_converged": np.ones_like(steps, bool), "num_integration_steps": steps}
+    assert not _riemannian({**engine, "num_gradient_evals": steps})  # JAX engine, HMC
+    assert _riemannian({**engine, "num_gradient_evals": 5 * steps})  # JAX engine, RMHMC (metric evaluations)
