@@ -1,6 +1,7 @@
-"""Shared step counts across chains, three seeds: the table of BENCHMARKS.md, "Shared step counts across chains".
+"""Shared step counts across chains: the tables of BENCHMARKS.md, "Shared step counts across chains".
 
-    ./dev run python -m benchmarks.shared_steps_table
+    ./dev run python -m benchmarks.shared_steps_table          # three seeds, four models
+    ./dev run python -m benchmarks.shared_steps_table --full   # seed 0, every model of the full run
 
 Reads the per-seed files of two ``benchmarks.seeds`` studies that differ only in
 ``shared_num_steps`` (``shared_steps_seeds_off_seed{s}.json``, ``shared_steps_seeds_on_seed{s}.json``).
@@ -61,5 +62,34 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def full_markdown() -> str:
+    """Every model of the full run: ``bench_full.json`` (off) against ``shared_steps_full.json`` (on), seed 0.
+
+    ESS per gradient of the off arm is what a re-run reproduces exactly; ESS per second is a ratio to
+    NumPyro's NUTS of the same run in each file."""
+    off = {(r["model"], r["sampler"]): r for r in json.loads((RESULTS / "bench_full.json").read_text())["runs"]
+           if r["status"] == "ok"}
+    on = {(r["model"], r["sampler"]): r for r in json.loads((RESULTS / "shared_steps_full.json").read_text())["runs"]
+          if r["status"] == "ok"}
+    models = list(dict.fromkeys(model for model, _ in on))
+    lines = ["| model | sampler | min ESS/grad, off / on | min ESS/s / NumPyro NUTS's, off / on | sampling s, off / on "
+             "| max R-hat, off / on |", "|---|---|---|---|---|---|"]
+    for model in models:
+        for sampler in SAMPLERS:
+            if (model, sampler) not in on or (model, sampler) not in off:
+                continue
+            a, b = off[(model, sampler)], on[(model, sampler)]
+            na, nb = off[(model, "numpyro_nuts")], on[(model, "numpyro_nuts")]
+            per_s = [x["metrics"]["ess_per_second"]["min"] / n["metrics"]["ess_per_second"]["min"]
+                     for x, n in ((a, na), (b, nb))]
+            lines.append(
+                f"| {model} | {sampler} | {a['metrics']['ess_per_grad']['min']:.3g} / {b['metrics']['ess_per_grad']['min']:.3g} | "
+                f"{per_s[0]:.2f} / {per_s[1]:.2f} | {a['timing']['sampling_s']:.3g} / {b['timing']['sampling_s']:.3g} | "
+                f"{a['metrics']['rhat_max']:.3f} / {b['metrics']['rhat_max']:.3f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(markdown(rows()))
+    import sys
+
+    print(full_markdown() if "--full" in sys.argv[1:] else markdown(rows()))
