@@ -113,13 +113,15 @@ def markdown(results: dict) -> str:
         "per chain per iteration. `step`: scan of `engine.step` (before); `scan_draws`: what `run_chains` "
         "runs now; `bare`: BlackJAX `dynamic_hmc` at the final arm, no tuner.",
         "",
-        "| model | d | mass matrix | chains | step (us) | scan_draws (us) | bare BlackJAX (us) | speed-up | scan_draws / bare | steps | same draws |",
+        "| model | d | mass matrix | chains | step (us) | scan_draws (us) | bare BlackJAX (us) | speed-up | "
+        "scan_draws / bare | steps | same draws |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["models"]:
         s, d, b = r["step"], r["scan_draws"], r["bare"]
         lines.append(
-            f"| {r['model']} | {r['dim']} | {'dense' if r.get('dense_mass') else 'diagonal'} | {r['num_chains']} | {s['us_per_iteration_min']:.1f} / "
+            f"| {r['model']} | {r['dim']} | {'dense' if r.get('dense_mass') else 'diagonal'} | {r['num_chains']} | "
+            f"{s['us_per_iteration_min']:.1f} / "
             f"{s['us_per_iteration_median']:.1f} | {d['us_per_iteration_min']:.1f} / "
             f"{d['us_per_iteration_median']:.1f} | {b['us_per_iteration_min']:.1f} / "
             f"{b['us_per_iteration_median']:.1f} | {s['us_per_iteration_min'] / d['us_per_iteration_min']:.2f}x | "

@@ -192,8 +192,8 @@ def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metri
     return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, min_steps_fraction=0.5)
 
 
-SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box, "armhmc_no_penalty": _armhmc_no_penalty,
-            "armhmc_fp10": _armhmc_fp10, "blackjax_nuts": _nuts,
+SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
+            "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "blackjax_nuts": _nuts,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
 PLAN = {"pima": LOGISTIC_PLAN, "ripley": LOGISTIC_PLAN, "breast_cancer": LOGISTIC_PLAN,

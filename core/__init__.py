@@ -30,7 +30,6 @@ from .space import SearchSpace, check_min_steps_fraction, min_num_steps, search_
 from .tuner import Surrogate, Tuner, TunerInfo, TunerState, adapt_probability, gp_ucb, ucb_beta
 
 __all__ = [
-    "shrink_correlations",
     "ArmBuffer",
     "DEFAULT_DIVERGENCE_PENALTY",
     "OBJECTIVES",
@@ -53,6 +52,7 @@ __all__ = [
     "check_min_steps_fraction",
     "min_num_steps",
     "search_space",
+    "shrink_correlations",
     "ucb_beta",
     "with_divergence_penalty",
 ]
