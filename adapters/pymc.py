@@ -373,7 +373,8 @@ class AdaptiveHMC(BaseHMC):
 
     # ---- per-chain state -------------------------------------------------------------------
     def _reset_chain(self, tune):
-        rounds = int(tune * (1 - self._metric_fraction)) // self._round_length
+        # Rounded as the JAX engine does: int() alone made 1000 * (1 - 0.9) = 99.999... into 9 rounds.
+        rounds = int(round(tune * (1 - self._metric_fraction))) // self._round_length
         self._num_tune_rounds = rounds
         self._num_warmup = int(tune) - rounds * self._round_length
         self._chain_iteration = 0

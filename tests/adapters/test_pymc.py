@@ -110,6 +110,18 @@ def test_dense_mass_whitens_a_correlated_gaussian():
     assert np.all(rewards[~np.isnan(rewards)] > 0) and np.median(moments.sample_stats["step_size"].values) > 0.4
 
 
+def test_dense_mass_spends_most_of_tune_on_the_metric():
+    """One chain's dense estimate needs the draws: with dense_mass=True the GP rounds start after 90% of
+    tune (DENSE_METRIC_FRACTION), with the diagonal after half; an explicit metric_fraction wins."""
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, 1.0, shape=2)
+    for kwargs, first_round in ((dict(dense_mass=True), 180), (dict(), 100),
+                                (dict(dense_mass=True, metric_fraction=0.5), 100)):
+        idata = sample(model, tune=200, draws=10, chains=1, step_kwargs=kwargs, discard_tuned_samples=False)
+        rounds = idata.warmup_sample_stats["tuning_round"].values[0]
+        assert np.flatnonzero(rounds > 0)[0] == first_round, kwargs
+
+
 def test_stan_windows_match_stans_schedule():
     from ahmc.adapters.pymc import stan_windows
 
