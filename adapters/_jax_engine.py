@@ -305,7 +305,7 @@ def build_engine(
     round_end_fn: Callable | None = None,
     round_end_state: Any = None,
     super_transitions: int | None = None,
-    shared_num_steps: bool = False,
+    shared_num_steps: bool = True,
     min_steps_fraction: float = 0.0,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
@@ -409,7 +409,7 @@ def build_engine(
         densities are not compared: no restart and no "far below" warning (the
         stuck-chain warning stays).
     shared_num_steps
-        Off by default.  When on, every chain of an iteration takes the number of
+        On by default.  Every chain of an iteration takes the number of
         leapfrog steps ``ceil(u L)`` from one shared ``u ~ U(0, 1)``, instead of
         drawing its own from ``{1..L}``.  Each chain's kernel is the same; only
         the draws are common across chains.  With chains ``vmap``-ed, the
@@ -417,7 +417,10 @@ def build_engine(
         independent draws waste about a third of the gradients computed
         (``E[max of 4] / E[one]`` ~ 1.5 for 4 chains and L = 8); shared draws
         waste none.  The price is that the chains are no longer independent
-        given the arm (as with ChEES-HMC's shared jitter).
+        given the arm (as with ChEES-HMC's shared jitter); given the shared
+        sequence of step counts they are, and each chain's kernel leaves the
+        target invariant, so the chains' errors stay uncorrelated.  ``False``
+        gives each chain its own draw (the paper's setting).
     min_steps_fraction
         Lower end of the leapfrog-count jitter: ``L_t ~ U{max(1, ceil(f L))..L}``.
         ``0`` (default) is the paper's ``U{1..L}``; ``0.5`` draws from the upper half

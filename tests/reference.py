@@ -11,7 +11,8 @@ statistic ``g`` of the draws,
 
 and a run passes when every ``|z| < max_abs_z`` (4.5 by default: a false-alarm
 rate of about 7e-6 per coordinate), every ESS is at least ``min_ess`` and every
-rank-normalized split R-hat is below ``max_rhat``. The ESS and R-hat conditions
+rank-normalized split R-hat is below ``max_rhat`` (raised where the ESS is low
+enough for chance alone to exceed it: ``rhat_limit``). The ESS and R-hat conditions
 keep a stuck or barely moving chain from passing on a huge MCSE. When the exact
 value is itself estimated (posteriordb gives means with their MCSE), the two
 errors are independent and add in quadrature.
@@ -39,6 +40,7 @@ from typing import Any, Literal
 import numpy as np
 from arviz_stats import ess as _arviz_ess
 from arviz_stats import rhat as _arviz_rhat
+from scipy.stats import chi2 as _chi2
 
 __all__ = [
     "POSTERIORDB_DIR",
@@ -48,6 +50,7 @@ __all__ = [
     "bulk_ess",
     "load_reference",
     "parse_stan_name",
+    "rhat_limit",
     "select_stan_name",
     "split_rhat",
     "zscores_against_reference",
@@ -362,6 +365,7 @@ def _convergence_failures(
     *,
     min_ess: float,
     max_rhat: float,
+    num_chains: int,
 ) -> list[str]:
     failures = []
     for position, label in enumerate(labels):
@@ -371,10 +375,31 @@ def _convergence_failures(
             failures.append(f"ESS {label}: bulk ESS {shown}; need >= {min_ess}")
     for position, label in enumerate(labels):
         value = float(rhat_values[position])
-        if not value < max_rhat:
+        # Below min_ess the run fails anyway; the floor keeps a stuck chain's R-hat reported too.
+        fewest = max(min_ess, min(float(values[position]) for values in effective.values()))
+        limit = rhat_limit(max_rhat, fewest, num_chains)
+        if not value < limit:
             note = " (NaN: constant draws)" if np.isnan(value) else ""
-            failures.append(f"R-hat {label}: {value:.4f}{note}; need < {max_rhat}")
+            failures.append(f"R-hat {label}: {value:.4f}{note}; need < {limit:.4f} (ESS {fewest:.0f})")
     return failures
+
+
+def rhat_limit(max_rhat: float, ess: float, num_chains: int, false_alarm: float = 1e-4) -> float:
+    """``max_rhat``, raised where the ESS is so low that a correct sampler's R-hat exceeds it by chance.
+
+    Split R-hat compares ``m = 2 * num_chains`` half-chain means. For well-mixing
+    chains each half mean has variance ``sigma^2 m / ESS``, so ``R-hat^2 - 1`` is
+    about ``(m / ESS) chi2_{m-1} / (m - 1)``. Its ``1 - false_alarm`` quantile
+    gives the limit: at ESS 900 with 4 chains, 1 + 17 / 900 = 1.019, where the
+    usual 1.01 fails about one run in ten (measured on a 5-d Gaussian). A chain
+    stuck elsewhere still fails: its ESS is below ``min_ess`` or its R-hat far
+    above this (at ESS 200, the limit is 1.082).
+    """
+    halves = 2 * num_chains
+    quantile = float(_chi2.ppf(1.0 - false_alarm, halves - 1)) / (halves - 1)
+    if not ess > 0:
+        return max_rhat
+    return max(max_rhat, float(np.sqrt(1.0 + halves * quantile / ess)))
 
 
 def _require_chains(values: np.ndarray) -> None:
@@ -470,6 +495,7 @@ def assert_moments_match(
         split_rhat(values),
         min_ess=min_ess,
         max_rhat=max_rhat,
+        num_chains=num_chains,
     )
     if failures:
         raise AssertionError(
@@ -536,6 +562,7 @@ def assert_reference_match(
         split_rhat(columns),
         min_ess=min_ess,
         max_rhat=max_rhat,
+        num_chains=columns.shape[0],
     )
     if failures:
         num_chains, num_draws = columns.shape[:2]

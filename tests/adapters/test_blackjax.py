@@ -139,14 +139,13 @@ def test_ill_scaled_diagonal_gaussian():
 
 
 def test_shared_num_steps_samples_the_target():
-    """shared_num_steps=True: one L_t for all chains each iteration, uniform on {1..L}; draws still exact."""
+    """The default (shared_num_steps=True): one L_t for all chains each iteration, uniform on {1..L}; exact."""
     scales = jnp.asarray(np.logspace(-2, 2, 10))
 
     def logdensity(x):
         return -0.5 * jnp.sum((x / scales) ** 2)
 
-    samples, info = run_chains(jax.random.key(40), logdensity, initial_positions(41, 10), 1000, 2000,
-                               shared_num_steps=True)
+    samples, info = run_chains(jax.random.key(40), logdensity, initial_positions(41, 10), 1000, 2000)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
     taken, arm = np.asarray(info.num_integration_steps), np.asarray(info.num_steps)
     np.testing.assert_array_equal(taken, np.broadcast_to(taken[:, :1], taken.shape))  # common to the chains
@@ -155,6 +154,23 @@ def test_shared_num_steps_samples_the_target():
     # L_t ~ U{1..L}: its mean over the sampling phase is (L + 1) / 2 (sd of the mean < 2% here).
     assert abs(taken[sampling, 0].mean() / ((arm[sampling, 0] + 1) / 2).mean() - 1) < 0.1
 
+
+def test_independent_num_steps_samples_the_target():
+    """shared_num_steps=False (the paper's setting): each chain draws its own L_t from {1..L}; exact."""
+    scales = jnp.asarray(np.logspace(-2, 2, 10))
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / scales) ** 2)
+
+    samples, info = run_chains(jax.random.key(44), logdensity, initial_positions(45, 10), 1000, 2000,
+                               shared_num_steps=False)
+    assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
+    taken, arm = np.asarray(info.num_integration_steps), np.asarray(info.num_steps)
+    assert np.all((taken >= 1) & (taken <= arm))
+    sampling = ~np.asarray(info.is_warmup[:, 0])
+    differs = (taken != taken[:, :1]).any(axis=1)
+    # With L > 1 four independent draws from {1..L} all agree with probability <= 1/8.
+    assert differs[sampling & (arm[:, 0] > 1)].mean() > 0.5
 
 @pytest.mark.slow  # the same engine at f = 0.5: test_numpyro.py::test_upper_half_jitter_agrees_with_the_truth
 def test_upper_half_jitter_samples_the_target_and_stays_in_range():

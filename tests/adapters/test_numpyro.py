@@ -103,7 +103,8 @@ def test_upper_half_jitter_agrees_with_the_truth(x64):
     def potential(z):
         return 0.5 * jnp.sum((z / scales) ** 2)
 
-    mcmc = run(AdaptiveHMC(potential_fn=potential, min_steps_fraction=0.5), seed=7, warmup=1000, samples=1000,
+    # Seed 8 settles on L = 3 (with L = 2 the two jitters coincide and the range check below is vacuous).
+    mcmc = run(AdaptiveHMC(potential_fn=potential, min_steps_fraction=0.5), seed=8, warmup=1000, samples=1000,
                init_params=jnp.tile(scales * 0.5, (4, 1)))
     assert_moments_match(np.asarray(mcmc.get_samples(group_by_chain=True)), np.zeros(5), np.asarray(scales))
     extra = mcmc.get_extra_fields()
