@@ -31,12 +31,15 @@ Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`)
 ``is_mass_matrix_diagonal=False``), ``pooled``, ``round_length``,
 ``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
 ``objective``, ``divergence_penalty``, ``min_steps_fraction`` (``L_t ~ U{ceil(f L)..L}``; 0 = the
-paper's ``U{1..L}``), ``schedule``, ``k``, ``freeze_after``, ``target_acceptance_rate``,
+paper's ``U{1..L}``), ``shared_num_steps`` (default True: one ``L_t`` draw per iteration for all chains,
+so the vectorized integrator wastes no gradients; False: each chain draws its own), ``schedule``, ``k``,
+``freeze_after``, ``target_acceptance_rate``,
 GP settings (``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``,
 ``delta``), ``integrator``, ``divergence_threshold``, ``restart_lost_chains``
 (warm-up restarts a chain lost far below the others; 3+ chains).  ``paper_preset=True``
 selects Algorithm 2 as published (identity mass matrix, GP from the first
-round, linear step-size grid, ``k = 100``, no divergence penalty, ``U{1..L}``; requires the two bounds).
+round, linear step-size grid, ``k = 100``, no divergence penalty, ``U{1..L}`` drawn per chain; requires the
+two bounds).
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ __all__ = [
 ]
 
 PAPER_PRESET = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0,
-                "min_steps_fraction": 0.0}
+                "min_steps_fraction": 0.0, "shared_num_steps": False}
 
 
 class GPUCBAdaptationInfo(NamedTuple):

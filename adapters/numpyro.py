@@ -98,7 +98,9 @@ class AdaptiveHMC(MCMCKernel):
         (:func:`ahmc.adapters.blackjax.gpucb_adaptation`): ``step_size_bounds``,
         ``num_steps_bounds``, ``adapt_mass_matrix``, ``dense_mass`` (``True``: a dense mass matrix, as
         NumPyro's NUTS option; one matrix over all sites), ``round_length``,
-        ``objective``, ``divergence_penalty``, ``min_steps_fraction``, ``schedule``, ``k``,
+        ``objective``, ``divergence_penalty``, ``min_steps_fraction``, ``shared_num_steps`` (default True;
+        with ``chain_method="vectorized"`` all chains take the same number of leapfrog steps each iteration),
+        ``schedule``, ``k``,
         ``freeze_after`` (rounds, or ``"warmup"``), ``pooled`` (vectorized chains only), and the GP settings
         ``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``, ``delta``.
         ``restart_lost_chains`` (default True): with 3+ vectorized chains the

@@ -2,7 +2,8 @@
 
     ./dev run python -m benchmarks.dense_table
 
-The diagonal ``ahmc_blackjax`` and the diagonal NUTS come from the full run (``bench_full.json``), the
+The diagonal ``ahmc_blackjax`` and the diagonal NUTS come from the full run made before
+``shared_num_steps`` became the default (``bench_full_unshared.json``, as the dense runs were), the
 dense samplers from ``bench_lr_dense.json`` and ``bench_dense_others.json`` (same seed, settings and
 starting points; where a sampler is in several files the full run's record is used).
 """
@@ -16,7 +17,7 @@ from .report import NUTS
 from .samplers import DENSE_SAMPLERS
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FILES = ("bench_full.json", "bench_lr_dense.json", "bench_dense_others.json")
+FILES = ("bench_full_unshared.json", "bench_lr_dense.json", "bench_dense_others.json")
 MODELS = ("pima", "ripley", "breast_cancer", "std_gauss_10", "diag_gauss_10", "corr_gauss_2", "eight_schools",
           "kidiq", "earnings", "sblrc", "arK", "garch", "gp_pois_regr", "diamonds", "gauss_mix")
 NUTS_DENSE = tuple(name for name in NUTS if name in DENSE_SAMPLERS)

@@ -63,12 +63,13 @@ def markdown(table: list[dict]) -> str:
 
 
 def full_markdown() -> str:
-    """Every model of the full run: ``bench_full.json`` (off) against ``shared_steps_full.json`` (on), seed 0.
+    """Every model of the full run: ``bench_full_unshared.json`` (off; the full run before sharing became
+    the default) against ``shared_steps_full.json`` (on), seed 0.
 
     ESS per gradient of the off arm is what a re-run reproduces exactly; ESS per second is a ratio to
     NumPyro's NUTS of the same run in each file."""
-    off = {(r["model"], r["sampler"]): r for r in json.loads((RESULTS / "bench_full.json").read_text())["runs"]
-           if r["status"] == "ok"}
+    unshared = json.loads((RESULTS / "bench_full_unshared.json").read_text())["runs"]
+    off = {(r["model"], r["sampler"]): r for r in unshared if r["status"] == "ok"}
     on = {(r["model"], r["sampler"]): r for r in json.loads((RESULTS / "shared_steps_full.json").read_text())["runs"]
           if r["status"] == "ok"}
     models = list(dict.fromkeys(model for model, _ in on))

@@ -416,6 +416,8 @@ def test_paper_preset():
     eps = np.asarray(info.step_size[:, 0])
     assert eps.min() >= 0.05 - 1e-6 and eps.max() <= 1.5 + 1e-6
     assert len(np.unique(eps)) > 3
+    taken = np.asarray(info.num_integration_steps)
+    assert np.any(taken != taken[:, :1])  # the published jitter: each chain draws its own L_t
 
 
 def test_nonfinite_initial_logdensity_raises():
