@@ -617,7 +617,7 @@ def test_engine_overhead_script_times_the_three_ways_and_writes_its_table(tmp_pa
         assert 0 < row[way]["us_per_iteration_min"] <= row[way]["us_per_iteration_median"]
         assert row[way]["steps_per_chain_iteration"] >= 1
     assert json.loads(output.read_text())["models"][0]["model"] == "corr_gauss_2"
-    assert "| corr_gauss_2 | 2 | 4 |" in output.with_suffix(".md").read_text()
+    assert "| corr_gauss_2 | 2 | diagonal | 4 |" in output.with_suffix(".md").read_text()
 
 
 def test_grid_ceiling_script_scores_every_arm_and_rechecks_the_best(tmp_path):
