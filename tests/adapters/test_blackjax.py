@@ -31,6 +31,13 @@ NUM_CHAINS = 4
 ROOT = Path(__file__).resolve().parents[2]
 
 
+ILL_SCALES = jnp.asarray(np.logspace(-2, 2, 10))  # sds from 0.01 to 100: the diagonal metric must adapt
+
+
+def ill_scaled_gaussian(x):
+    return -0.5 * jnp.sum((x / ILL_SCALES) ** 2)
+
+
 def standard_normal(x):
     return -0.5 * jnp.sum(x**2)
 
@@ -129,22 +136,14 @@ def test_dense_mass_checks_the_inverse_mass_matrix_shape():
 
 def test_ill_scaled_diagonal_gaussian():
     """Scales from 0.01 to 100: the warm-up mass matrix makes AHMC scale-free."""
-    scales = jnp.asarray(np.logspace(-2, 2, 10))
-
-    def logdensity(x):
-        return -0.5 * jnp.sum((x / scales) ** 2)
-
+    scales, logdensity = ILL_SCALES, ill_scaled_gaussian
     samples, info = run_chains(jax.random.key(4), logdensity, initial_positions(5, 10), 1000, 2000)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
 
 
 def test_shared_num_steps_samples_the_target():
     """The default (shared_num_steps=True): one L_t for all chains each iteration, uniform on {1..L}; exact."""
-    scales = jnp.asarray(np.logspace(-2, 2, 10))
-
-    def logdensity(x):
-        return -0.5 * jnp.sum((x / scales) ** 2)
-
+    scales, logdensity = ILL_SCALES, ill_scaled_gaussian
     samples, info = run_chains(jax.random.key(40), logdensity, initial_positions(41, 10), 1000, 2000)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
     taken, arm = np.asarray(info.num_integration_steps), np.asarray(info.num_steps)
@@ -157,11 +156,7 @@ def test_shared_num_steps_samples_the_target():
 
 def test_independent_num_steps_samples_the_target():
     """shared_num_steps=False (the paper's setting): each chain draws its own L_t from {1..L}; exact."""
-    scales = jnp.asarray(np.logspace(-2, 2, 10))
-
-    def logdensity(x):
-        return -0.5 * jnp.sum((x / scales) ** 2)
-
+    scales, logdensity = ILL_SCALES, ill_scaled_gaussian
     samples, info = run_chains(jax.random.key(44), logdensity, initial_positions(45, 10), 1000, 2000,
                                shared_num_steps=False)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
@@ -175,11 +170,7 @@ def test_independent_num_steps_samples_the_target():
 @pytest.mark.slow  # the same engine at f = 0.5: test_numpyro.py::test_upper_half_jitter_agrees_with_the_truth
 def test_upper_half_jitter_samples_the_target_and_stays_in_range():
     """min_steps_fraction=0.5: L_t ~ U{ceil(L/2)..L} in warm-up and sampling; means and variances exact."""
-    scales = jnp.asarray(np.logspace(-2, 2, 10))
-
-    def logdensity(x):
-        return -0.5 * jnp.sum((x / scales) ** 2)
-
+    scales, logdensity = ILL_SCALES, ill_scaled_gaussian
     samples, info = run_chains(jax.random.key(42), logdensity, initial_positions(43, 10), 1000, 2000,
                                min_steps_fraction=0.5)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
