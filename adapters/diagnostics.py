@@ -21,6 +21,7 @@ them, ``step_size_min``, ``step_size_max``, ``max_steps_min``, ``max_steps_max``
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any, Mapping
 
 import numpy as np
@@ -30,6 +31,8 @@ from ahmc.core.diagnostics import TuningConfig, TuningHistory, arm_parameters, s
 __all__ = ["history_from_datatree", "history_from_blackjax", "config_from_engine", "config_from_numpyro"]
 
 CONFIG_ATTR = "ahmc_config"
+#: JSON list of the sampled variables (not deterministics): the correlation hint looks at these only.
+FREE_VARS_ATTR = "ahmc_free_vars"
 BOX_STATS = {"step_size_bounds": "step_size", "num_steps_bounds": "num_steps"}  # last axis: (lo, hi)
 # Defaults shared by the adapters (ahmc.adapters._jax_engine.build_engine and ahmc.adapters.pymc.AdaptiveHMC).
 ADAPTER_DEFAULTS = {"num_step_sizes": 100, "capacity": 64}
@@ -57,12 +60,16 @@ def _chain_draw(array) -> np.ndarray | None:
     return np.asarray(array.transpose("chain", "draw", *rest).values)
 
 
-def _config_attr(*nodes):
+def _attr(name, *nodes):
     for node in nodes:
         attrs = getattr(node, "attrs", None) or {}
-        if CONFIG_ATTR in attrs:
-            return attrs[CONFIG_ATTR]
+        if name in attrs:
+            return attrs[name]
     return None
+
+
+def _config_attr(*nodes):
+    return _attr(CONFIG_ATTR, *nodes)
 
 
 def _with_box(config, stats: dict):
@@ -88,13 +95,17 @@ def _with_box(config, stats: dict):
     return TuningConfig(**box, **(PYMC_HMC_DEFAULTS if pymc_hmc else ADAPTER_DEFAULTS))
 
 
-def history_from_datatree(tree, *, config=None, names: Mapping | None = None) -> TuningHistory:
+def history_from_datatree(tree, *, config=None, names: Mapping | None = None,
+                          var_names=None) -> TuningHistory:
     """Tuning history of a PyMC or NumPyro run from its DataTree.
 
     Reads ``warmup_sample_stats`` (if present, flagged as warm-up) followed by
     ``sample_stats``.  ``config`` (a TuningConfig, dict or JSON) overrides the
     ``ahmc_config`` attribute; ``names`` maps canonical fields to stat names
-    (see :func:`ahmc.core.diagnostics.tuning_history`).
+    (see :func:`ahmc.core.diagnostics.tuning_history`).  ``var_names``: the posterior variables the
+    correlation hint looks at (default: the JSON attribute ``ahmc_free_vars`` if present, else all;
+    give the free variables so that a ``pm.Deterministic`` of a sampled variable is not reported as
+    a strong posterior correlation).
 
     Examples
     --------
@@ -121,15 +132,22 @@ def history_from_datatree(tree, *, config=None, names: Mapping | None = None) ->
     history = tuning_history(stats, config=config, names=names, is_warmup=flags)
     if _riemannian(stats):  # a position-dependent metric: no mass matrix to suggest
         return history
-    return history._replace(strongest_correlation=_posterior_correlation(_child(tree, "posterior")))
+    if var_names is None:
+        free = _attr(FREE_VARS_ATTR, tree, main, _child(tree, "posterior"))
+        var_names = json.loads(free) if free is not None else None
+    correlation = _posterior_correlation(_child(tree, "posterior"), var_names)
+    return history._replace(strongest_correlation=correlation)
 
 
-def _posterior_correlation(posterior):
-    """:func:`ahmc.core.diagnostics.strongest_correlation` of a DataTree posterior group (None without one)."""
+def _posterior_correlation(posterior, var_names=None):
+    """:func:`ahmc.core.diagnostics.strongest_correlation` of a DataTree posterior group (None without one),
+    over ``var_names`` (default all variables)."""
     if posterior is None:
         return None
     columns, names = [], []
     for name, variable in posterior.data_vars.items():
+        if var_names is not None and name not in var_names:
+            continue
         values = _chain_draw(variable)
         if values is None or not np.issubdtype(values.dtype, np.number):
             continue

@@ -907,3 +907,12 @@ class AdaptiveRMHMC(AdaptiveHMC):
         if self._riemann is not None:
             self.integrator.keep(result.end.geometry)  # the next iteration starts here
         return result
+
+
+def __getattr__(name):
+    # The compiled path (PyMC model -> JAX -> ahmc's NumPyro kernel) needs the numpyro extra: import on use.
+    if name in ("sample_numpyro_ahmc", "jax_logdensity"):
+        from . import pymc_jax
+
+        return getattr(pymc_jax, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,8 @@ import numpy as np
 
 __all__ = ["write_report", "targets", "summary_table", "chain_numbers"]
 
-AHMC = ("ahmc_blackjax", "ahmc_numpyro", "ahmc_pymc", "ahmc_blackjax_dense", "ahmc_numpyro_dense", "ahmc_pymc_dense")
+AHMC = ("ahmc_blackjax", "ahmc_numpyro", "ahmc_pymc", "ahmc_pymc_jax",
+        "ahmc_blackjax_dense", "ahmc_numpyro_dense", "ahmc_pymc_dense")
 # The NUTS baselines (diagonal, then dense variants; benchmarks.samplers.DENSE_SAMPLERS): the best is the ratio's base.
 NUTS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie",
         "blackjax_nuts_dense", "numpyro_nuts_dense", "pymc_nuts_dense", "nutpie_low_rank")

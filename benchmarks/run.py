@@ -53,7 +53,7 @@ import numpy as np
 from .metrics import summarize
 from .models import MODELS, PYMC_MODEL_NAMES, get_model, initial_positions
 from .report import NUTS
-from .samplers import DENSE_SAMPLERS, SAMPLERS
+from .samplers import BY_NAME_SAMPLERS, DENSE_SAMPLERS, SAMPLERS
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCHEMA_VERSION = 1
@@ -74,10 +74,11 @@ RMHMC_MODEL_NAMES = ("pima", "ripley", "breast_cancer")
 # The dense-mass-matrix variants (benchmarks.samplers.DENSE_SAMPLERS) run by name only, on models up
 # to DENSE_MAX_DIM: an O(d^2) matrix and an O(d^3) factorisation per iteration or window.
 DENSE_MAX_DIM = 200
-DEFAULT_SAMPLERS = [name for name in SAMPLERS if name not in DENSE_SAMPLERS]
+# ahmc_pymc_jax (benchmarks.samplers.BY_NAME_SAMPLERS) also runs by name only.
+DEFAULT_SAMPLERS = [name for name in SAMPLERS if name not in DENSE_SAMPLERS and name not in BY_NAME_SAMPLERS]
 QUICK_SAMPLERS = [name for name in DEFAULT_SAMPLERS if name not in RMHMC_SAMPLERS]
 NUTS_SAMPLERS = NUTS  # the baselines of the ratio column
-PYMC_SAMPLERS = ("ahmc_pymc", "pymc_nuts", "nutpie",  # need the model's PyMC version
+PYMC_SAMPLERS = ("ahmc_pymc", "ahmc_pymc_jax", "pymc_nuts", "nutpie",  # need the model's PyMC version
                  "ahmc_pymc_dense", "pymc_nuts_dense", "nutpie_low_rank")
 # Above this dimension the per-coordinate ESS and R-hat arrays stay out of the JSON (lgcp_64 has
 # 16384 coordinates: about 0.7 MB per run); the min / median / max summaries are kept.

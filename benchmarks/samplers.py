@@ -626,6 +626,41 @@ def run_ahmc_pymc(rng_key, model, positions, num_warmup, num_samples, **options)
     return _pymc_run(idata, pieces, compile_s, "n_steps", num_warmup, extra)
 
 
+def run_ahmc_pymc_jax(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """ahmc's compiled path for PyMC models: the PyMC model's log density turned into JAX by PyMC's
+    JAX backend (``ahmc.adapters.pymc_jax.jax_logdensity``, as ``sample_numpyro_ahmc`` does), sampled
+    by the NumPyro kernel with vectorized chains (one pooled tuner).
+
+    It drives the kernel directly, as ``run_ahmc_numpyro`` does, so that warm-up, sampling and
+    compilation are timed apart; ``sample_numpyro_ahmc`` adds PyMC's start-point jitter and the
+    conversion to a DataTree around the same loop.  Options go to ``AdaptiveHMC``.
+    """
+    import jax.numpy as jnp
+
+    from ahmc.adapters.numpyro import AdaptiveHMC
+    from ahmc.adapters.pymc_jax import jax_logdensity
+
+    options = dict(options)
+    chain_method = options.pop("chain_method", "vectorized")
+    pm_model = _pymc_model(model)
+    names = [v.name for v in pm_model.value_vars]
+    if names != ["x"]:
+        raise ValueError(f"the benchmark's PyMC models have one value variable 'x'; {model.name} has {names}")
+    logdensity_fn = jax_logdensity(pm_model)
+    kernel = AdaptiveHMC(potential_fn=lambda x: -logdensity_fn([jnp.asarray(x)]), **options)
+    fields = ("step_size", "max_steps", "arm_changed", "tuning_round")
+    run, _, warm, sample = _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples,
+                                             chain_method, fields)
+    run.extra.update(
+        final_step_size=_as_float_list(np.asarray(sample["step_size"])[:, -1]),
+        final_num_steps=_as_float_list(np.asarray(sample["max_steps"])[:, -1]),
+        rounds=_as_float_list(np.asarray(sample["tuning_round"]).max(axis=1)),
+        arm_changes=_as_float_list(np.asarray(warm["arm_changed"]).sum(axis=1)
+                                   + np.asarray(sample["arm_changed"]).sum(axis=1)),
+    )
+    return run
+
+
 def run_pymc_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
     """PyMC's own NUTS (``nuts_sampler="pymc"``), set up as ``pm.sample`` does by default.
 
@@ -787,6 +822,9 @@ DENSE_SAMPLERS: dict[str, Runner] = {
     "nutpie_low_rank": _with_defaults(run_nutpie, "nutpie's low-rank mass-matrix adaptation", adaptation="low_rank"),
 }
 
+# Run by name only (not in the default set): the PyMC model on the compiled JAX engine.
+BY_NAME_SAMPLERS: dict[str, Runner] = {"ahmc_pymc_jax": run_ahmc_pymc_jax}
+
 # name -> runner; every runner has the signature described in the module docstring.
 SAMPLERS: dict[str, Runner] = {
     "blackjax_nuts": run_blackjax_nuts,
@@ -799,4 +837,5 @@ SAMPLERS: dict[str, Runner] = {
     "chees": run_chees,
     "armhmc": run_armhmc,
     **DENSE_SAMPLERS,
+    **BY_NAME_SAMPLERS,
 }

@@ -1,0 +1,125 @@
+"""sample_numpyro_ahmc: a PyMC model on the compiled JAX engine (one pooled tuner)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+pytest.importorskip("numpyro")
+
+from pymc.exceptions import SamplingError  # noqa: E402
+
+from ahmc.adapters.diagnostics import history_from_datatree  # noqa: E402
+from ahmc.adapters.pymc import sample_numpyro_ahmc  # noqa: E402
+from ahmc.core.diagnostics import tuning_summary  # noqa: E402
+from tests.adapters.test_pymc import SCALES, gaussian_model, reference_model  # noqa: E402
+from tests.reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
+
+QUIET = dict(progressbar=False, compute_convergence_checks=False)
+
+
+@pytest.mark.parametrize("name", [
+    "eight_schools-eight_schools_noncentered",  # a Deterministic and a log-transformed scale
+    "low_dim_gauss_mix-low_dim_gauss_mix",      # ordered and logit transforms
+])
+def test_posteriordb_reference(name):
+    ref = load_reference(name)
+    tree = sample_numpyro_ahmc(model=reference_model(name), random_seed=3, **QUIET)
+    assert_reference_match({v: tree.posterior[v].values for v in ref["dimensions"]}, name)
+
+
+def test_gaussian_moments_and_pooled_tuner():
+    tree = sample_numpyro_ahmc(model=gaussian_model(), random_seed=4, **QUIET)
+    assert_moments_match(tree.posterior["x"].values, np.zeros(len(SCALES)), SCALES)
+    stats = tree.sample_stats
+    # One pooled tuner: every chain runs the same arm at every draw.
+    for name in ("step_size", "max_steps", "tuning_round"):
+        values = stats[name].values
+        assert (values == values[:1]).all(), name
+
+
+def test_datatree_has_pymc_names_coords_and_the_tuning_history():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 2))
+    with pm.Model(coords={"k": ["a", "b"]}) as model:
+        b = pm.Normal("b", 0, 10, dims="k")
+        sigma = pm.HalfNormal("sigma", 5)
+        pm.Deterministic("variance", sigma**2)  # perfectly correlated with sigma: no dense-mass hint
+        pm.Normal("y", pm.math.dot(X, b), sigma, observed=X @ [1.0, -1.0] + rng.normal(size=50))
+        tree = sample_numpyro_ahmc(draws=200, tune=300, chains=2, random_seed=1, discard_tuned_samples=False,
+                                   keep_untransformed=True, **QUIET)
+    post = tree.posterior
+    assert post["b"].dims == ("chain", "draw", "k") and list(post["k"].values) == ["a", "b"]
+    assert post["sigma"].shape == (2, 200) and (post["sigma"].values > 0).all()
+    np.testing.assert_allclose(post["variance"].values, post["sigma"].values ** 2)
+    np.testing.assert_allclose(np.exp(post["sigma_log__"].values), post["sigma"].values)
+    assert tree.warmup_posterior["b"].shape == (2, 300, 2)
+    stats = tree.sample_stats
+    expected = {"step_size": "f", "n_steps": "i", "acceptance_rate": "f", "diverging": "b", "energy": "f",
+                "lp": "f", "max_steps": "i", "reward": "f", "tuning_round": "i", "arm_changed": "b",
+                "adapt_probability": "f", "restarted": "b"}
+    for name, kind in expected.items():
+        assert stats[name].dtype.kind == kind and stats[name].shape == (2, 200), name
+    assert (stats["n_steps"].values >= 1).all() and (stats["n_steps"].values <= stats["max_steps"].values).all()
+    # lp is the model's log density at the draw (PyMC's convention), not the potential energy
+    with model:
+        logp = model.compile_logp()
+    point = {"b": post["b"].values[1, -1], "sigma_log__": post["sigma_log__"].values[1, -1]}
+    np.testing.assert_allclose(stats["lp"].values[1, -1], logp(point), rtol=1e-8)
+    assert json.loads(tree.attrs["ahmc_free_vars"]) == ["b", "sigma"]
+
+    history = history_from_datatree(tree)
+    summary = tuning_summary(history)
+    assert "one pooled tuner" in summary and "Hint" not in summary
+    assert history.strongest_correlation is not None and abs(history.strongest_correlation[0]) < 0.9
+    # Without the free-variable list, the Deterministic would be reported as a correlation of ~1.
+    everything = history_from_datatree(tree, var_names=list(post.data_vars))
+    assert abs(everything.strongest_correlation[0]) > 0.99
+
+
+def test_random_seed_reproduces_draws():
+    runs = [sample_numpyro_ahmc(model=gaussian_model(), draws=50, tune=100, chains=2, random_seed=seed, **QUIET)
+            for seed in (5, 5, 6)]
+    first, second, other = (run.posterior["x"].values for run in runs)
+    np.testing.assert_array_equal(first, second)
+    assert not np.array_equal(first, other)
+
+
+def test_knobs_reach_the_kernel():
+    tree = sample_numpyro_ahmc(model=gaussian_model(), draws=50, tune=200, chains=2, random_seed=1,
+                               step_size_bounds=(0.05, 0.06), num_steps_bounds=(3, 4), **QUIET)
+    step_size, max_steps = tree.sample_stats["step_size"].values, tree.sample_stats["max_steps"].values
+    assert ((step_size >= 0.05 - 1e-12) & (step_size <= 0.06 + 1e-12)).all()
+    assert set(np.unique(max_steps)) <= {3, 4}
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+def test_discrete_variable_is_refused_with_a_hint():
+    with pm.Model() as model:
+        pm.Normal("x", 0, 1)
+        pm.Poisson("k", 3)
+    with pytest.raises(ValueError, match=r"discrete.*\['k'\].*Metropolis"):
+        sample_numpyro_ahmc(model=model, **QUIET)
+
+
+def test_non_finite_initial_density_raises_sampling_error():
+    with pm.Model() as model:
+        x = pm.Normal("x", 0, 1)
+        pm.Potential("bad", pm.math.switch(x > 0.5, -np.inf, 0.0))
+    with pytest.raises(SamplingError, match=r"model\.debug\(\)"):
+        sample_numpyro_ahmc(model=model, chains=1, initvals={"x": 1.0}, jitter=False, **QUIET)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(step_size_bounds=(0.5, 0.1), num_steps_bounds=(1, 10)), "reversed"),
+    (dict(objective="bogus"), "objective"),
+    (dict(draws=0), "`draws` must be a positive integer"),
+    (dict(chains=1.5), "`chains` must be a positive integer"),
+])
+def test_bad_arguments_raise_before_sampling(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sample_numpyro_ahmc(model=gaussian_model(), **kwargs, **QUIET)
