@@ -40,6 +40,13 @@ def test_plot_tuning_example_writes_a_figure(tmp_path):
     assert output.stat().st_size > 10_000
 
 
+def test_pymc_compiled_example_summarizes_the_pooled_tuner():
+    pytest.importorskip("pymc")
+    pytest.importorskip("numpyro")
+    summary = load("pymc_compiled").main(draws=300)
+    assert "4 chain(s), one pooled tuner" in summary and "x_sum" not in summary
+
+
 def test_rmhmc_funnel_example_reaches_the_neck(capsys):
     pytest.importorskip("numpyro")
     v = load("rmhmc_funnel").main(num_warmup=200, num_samples=300)
