@@ -157,39 +157,44 @@ def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, 
     )
 
 
-def _nuts(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+def _nuts(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     del metric
-    return run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples)
+    return run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, **options)
 
 
 def _fixed(step_size, num_steps):
-    def runner(rng_key, model, positions, num_warmup, num_samples, metric):
+    def runner(rng_key, model, positions, num_warmup, num_samples, metric, **options):
+        if options:
+            raise ValueError(f"the fixed-parameter RMHMC takes no options (got {sorted(options)})")
         return run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, step_size, num_steps)
 
     return runner
 
 
-def _armhmc_paper_box(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+def _armhmc_paper_box(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     """ARMHMC in the paper's box for logistic regression (section 5.1): eps in [0.1, 1], L in {1..12}."""
     return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric,
-                      step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 12))
+                      **{"step_size_bounds": (0.1, 1.0), "num_steps_bounds": (1, 12), **options})
 
 
-def _armhmc_no_penalty(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+def _armhmc_no_penalty(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     """ARMHMC with the paper's reward (``divergence_penalty=0``; a failed implicit solve counts as divergent)."""
-    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, divergence_penalty=0.0)
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric,
+                      **{"divergence_penalty": 0.0, **options})
 
 
-def _armhmc_fp10(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+def _armhmc_fp10(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     """ARMHMC with at most 10 fixed-point iterations per implicit solve (default 30): a solve that has
     not converged by then is rejected sooner, and the tuner learns to avoid the arms that cause it."""
-    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, max_fixed_point_iterations=10)
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric,
+                      **{"max_fixed_point_iterations": 10, **options})
 
 
-def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric) -> SamplerRun:
+def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     """ARMHMC with ``min_steps_fraction=0.5``: ``L_t ~ U{ceil(L/2)..L}``, closer to the fixed-``L``
     trajectories of the hand-set RMHMC than the paper's ``U{1..L}``."""
-    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, min_steps_fraction=0.5)
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric,
+                      **{"min_steps_fraction": 0.5, **options})
 
 
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
@@ -234,7 +239,7 @@ def run(args) -> dict[str, Any]:
         "mode": "quick" if args.quick else "full", "num_chains": args.chains, "num_warmup": num_warmup,
         "num_samples": num_samples, "fixed": {name: list(value) for name, value in FIXED.items()},
         "cost_unit": "one per log-density gradient and one per metric evaluation (NUTS: per leapfrog step)",
-        "funnel_ess_of": "v and log|x_i|",
+        "funnel_ess_of": "v and log|x_i|", "sampler_options": getattr(args, "sampler_options", {}),
     }, "runs": {}}
     for name in args.models:
         model = funnel_model() if name == "funnel" else get_model(name)
@@ -245,7 +250,8 @@ def run(args) -> dict[str, Any]:
             key = jax.random.fold_in(jax.random.key(args.seed), len(name))
             print(f"{name} / {sampler} ...", flush=True)
             starts = armhmc_first_draws if sampler.startswith("rmhmc_fixed") else positions
-            out = SAMPLERS[sampler](key, model, starts, num_warmup, num_samples, metric)
+            options = getattr(args, "sampler_options", {}).get(sampler, {})
+            out = SAMPLERS[sampler](key, model, starts, num_warmup, num_samples, metric, **options)
             if sampler == "armhmc":
                 armhmc_first_draws = out.draws[:, 0]
             draws = funnel_features(out.draws) if name == "funnel" else out.draws
@@ -399,12 +405,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--sampler-options", type=json.loads, default={},
+                        help='JSON object {sampler: {option: value}}, e.g. '
+                             '\'{"armhmc": {"shared_num_steps": false}}\' (the fixed RMHMC takes none)')
     parser.add_argument("--cost", action="store_true",
                         help="only time one leapfrog step against HMC for d in 2..40 (rmhmc_cost.json)")
     args = parser.parse_args(argv)
     unknown = set(args.models) - set(PLAN)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; known: {', '.join(PLAN)}")
+    if not isinstance(args.sampler_options, dict) or set(args.sampler_options) - set(SAMPLERS):
+        parser.error(f"--sampler-options must be a JSON object keyed by known samplers ({', '.join(SAMPLERS)})")
     if args.samplers and set(args.samplers) - set(SAMPLERS):
         parser.error(f"unknown samplers {sorted(set(args.samplers) - set(SAMPLERS))}; known: {', '.join(SAMPLERS)}")
 

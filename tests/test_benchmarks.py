@@ -732,3 +732,31 @@ def test_jitter_study_runs_nuts_once_per_seed_and_divides_means_and_squares_by_t
     with pytest.raises(SystemExit):
         jitter.main(["--models", "m", "--seeds", "3", "--baseline", str(tmp_path / "j.json"),
                      "--output", str(tmp_path / "k.json")])
+
+
+def test_rmhmc_benchmark_passes_sampler_options_to_the_named_sampler(monkeypatch, tmp_path):
+    pytest.importorskip("jax")
+    from benchmarks import rmhmc
+    from benchmarks.samplers import SamplerRun
+
+    received = {}
+
+    def recorder(name):
+        def runner(rng_key, model, positions, num_warmup, num_samples, metric, **options):
+            received[name] = options
+            draws = np.random.default_rng(0).normal(size=(positions.shape[0], num_samples, positions.shape[1]))
+            ones = np.full(positions.shape[0], num_samples)
+            return SamplerRun(draws=draws, num_grads_warmup=ones, num_grads_sampling=ones,
+                              num_divergent_warmup=0 * ones, num_divergent_sampling=0 * ones,
+                              timing={"warmup_s": 1.0, "sampling_s": 1.0}, extra={})
+        return runner
+
+    monkeypatch.setattr(rmhmc, "SAMPLERS", {"armhmc": recorder("armhmc"), "blackjax_nuts": recorder("nuts")})
+    monkeypatch.setattr(rmhmc, "MODES", {"quick": (10, 50), "full": (10, 50)})
+    out = tmp_path / "r.json"
+    results = rmhmc.main(["--quick", "--models", "ripley", "--samplers", "armhmc,blackjax_nuts", "--output", str(out),
+                          "--sampler-options", '{"armhmc": {"shared_num_steps": false}}'])
+    assert received == {"armhmc": {"shared_num_steps": False}, "nuts": {}}
+    assert results["settings"]["sampler_options"] == {"armhmc": {"shared_num_steps": False}}
+    with pytest.raises(SystemExit):
+        rmhmc.main(["--quick", "--sampler-options", '{"nope": {}}', "--output", str(out)])
