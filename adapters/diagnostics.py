@@ -41,6 +41,8 @@ ADAPTER_DEFAULTS = {"num_step_sizes": 100, "capacity": 64}
 # RMHMC stats (AdaptiveRMHMC with a constant metric is AdaptiveHMC: pass its config to replay it).
 PYMC_HMC_DEFAULTS = {**ADAPTER_DEFAULTS, "noise_variance": 0.5}
 RMHMC_STAT = "fixed_point_converged"
+# Options of the JAX RMHMC transition (ahmc.adapters._jax_rmhmc.build_rmhmc_engine), not of the tuner.
+RMHMC_OPTIONS = ("metric", "softabs_alpha", "fixed_point_tolerance", "max_fixed_point_iterations", "integrator")
 SCALAR_BOX_STATS = {"step_size": ("step_size_min", "step_size_max"), "num_steps": ("max_steps_min", "max_steps_max")}
 
 
@@ -231,6 +233,11 @@ def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> 
         from .blackjax import PAPER_PRESET
 
         options = {**PAPER_PRESET, **options}
+    # An RMHMC run (AdaptiveRMHMC) adds transition options the tuner does not see; its engine has no mass matrix.
+    rmhmc = {name: options[name] for name in RMHMC_OPTIONS if name in options}
+    options = {name: value for name, value in options.items() if name not in rmhmc}
+    if rmhmc:
+        options["adapt_mass_matrix"] = False
     defaults = {name: p.default for name, p in inspect.signature(build_engine).parameters.items()
                 if p.default is not inspect.Parameter.empty}
     engine = build_engine(lambda x: -0.5 * (x * x).sum(), num_warmup=1000, **options)

@@ -40,7 +40,7 @@ from pymc.util import _get_seeds_per_chain, get_default_varnames  # noqa: E402
 from pymc.vartypes import discrete_types  # noqa: E402
 
 from .diagnostics import CONFIG_ATTR, FREE_VARS_ATTR, config_from_numpyro  # noqa: E402
-from .numpyro import TUNER_FIELDS, AdaptiveHMC  # noqa: E402
+from .numpyro import TUNER_FIELDS, AdaptiveHMC, AdaptiveRMHMC  # noqa: E402
 
 __all__ = ["sample_numpyro_ahmc", "jax_logdensity"]
 
@@ -48,8 +48,10 @@ __all__ = ["sample_numpyro_ahmc", "jax_logdensity"]
 STAT_NAMES = {"num_steps": "n_steps", "accept_prob": "acceptance_rate", "diverging": "diverging",
               "step_size": "step_size", "max_steps": "max_steps", "reward": "reward", "tuning_round": "tuning_round",
               "arm_changed": "arm_changed", "adapt_probability": "adapt_probability", "restarted": "restarted",
-              "energy": "energy"}
+              "energy": "energy", "fixed_point_converged": "fixed_point_converged",
+              "num_gradient_evals": "n_grad_evals"}
 EXTRA_FIELDS = ("diverging",) + TUNER_FIELDS
+RMHMC_FIELDS = ("fixed_point_converged", "num_gradient_evals")
 
 
 def _check_continuous(model) -> None:
@@ -120,6 +122,7 @@ def sample_numpyro_ahmc(
     keep_untransformed: bool = False,
     discard_tuned_samples: bool = True,
     compute_convergence_checks: bool = True,
+    riemannian: bool = False,
     **options,
 ):
     """Sample a PyMC model with ahmc's AdaptiveHMC on NumPyro, all chains vectorized with one pooled tuner.
@@ -131,6 +134,12 @@ def sample_numpyro_ahmc(
     GP rounds happen there, so keep them to rebuild the tuning history).  Every other keyword is a
     tuning knob of :class:`ahmc.adapters.numpyro.AdaptiveHMC` (``step_size_bounds``,
     ``num_steps_bounds``, ``dense_mass``, ``objective``, ``freeze_after``, ...), with its defaults.
+
+    ``riemannian=True`` runs :class:`ahmc.adapters.numpyro.AdaptiveRMHMC` instead (adaptive
+    Riemann-manifold HMC; its knobs ``metric``, ``softabs_alpha``, ``fixed_point_tolerance``,
+    ``max_fixed_point_iterations``).  A callable ``metric`` receives the flat unconstrained position:
+    the value variables (``model.value_vars``, e.g. ``sigma_log__``) raveled in model order.  The
+    stats then add ``fixed_point_converged`` and ``n_grad_evals`` (gradients plus metric evaluations).
 
     Returns a DataTree: ``posterior`` (the model's variables), ``sample_stats`` with PyMC's names
     (``step_size``, ``n_steps``, ``acceptance_rate``, ``diverging``, ``energy``, ``lp``) and the
@@ -152,7 +161,9 @@ def sample_numpyro_ahmc(
             raise ValueError(f"`{name}` must be a {'non-negative' if name == 'tune' else 'positive'} integer, "
                              f"got {value!r}.")
     logdensity_fn = jax_logdensity(model)
-    kernel = AdaptiveHMC(potential_fn=lambda position: -logdensity_fn(position), **options)
+    kernel_class = AdaptiveRMHMC if riemannian else AdaptiveHMC
+    kernel = kernel_class(potential_fn=lambda position: -logdensity_fn(position), **options)
+    fields = EXTRA_FIELDS + (RMHMC_FIELDS if riemannian else ())
     (seed,) = _get_seeds_per_chain(random_seed, 1)
     points = _initial_points(model, chains, initvals, seed, jitter, logdensity_fn)
     init_params = [jax.numpy.asarray(p) for p in points]
@@ -163,14 +174,14 @@ def sample_numpyro_ahmc(
     groups: dict[str, Any] = {}
     start = time.perf_counter()
     if tune:
-        mcmc.warmup(keys, init_params=init_params, extra_fields=EXTRA_FIELDS,
+        mcmc.warmup(keys, init_params=init_params, extra_fields=fields,
                     collect_warmup=not discard_tuned_samples)
         if not discard_tuned_samples:
             groups["warmup_posterior"] = _constrained(model, var_names, keep_untransformed,
                                                       mcmc.get_samples(group_by_chain=True))
             groups["warmup_sample_stats"] = _stats(mcmc.get_extra_fields(group_by_chain=True), chains=chains)
         keys = mcmc.post_warmup_state.rng_key
-    mcmc.run(keys, init_params=None if tune else init_params, extra_fields=EXTRA_FIELDS)
+    mcmc.run(keys, init_params=None if tune else init_params, extra_fields=fields)
     elapsed = time.perf_counter() - start
 
     groups["posterior"] = _constrained(model, var_names, keep_untransformed, mcmc.get_samples(group_by_chain=True))
@@ -187,7 +198,8 @@ def sample_numpyro_ahmc(
     free_vars = json.dumps([rv.name for rv in model.free_RVs])
     # sampling_time includes JAX's compilation of the warm-up and sampling loops, as in sample_numpyro_nuts.
     posterior_attrs = make_attrs({"sampling_time": elapsed, "tuning_steps": int(tune),
-                                  "sampler": "ahmc.adapters.numpyro.AdaptiveHMC"}, inference_library=numpyro)
+                                  "sampler": f"ahmc.adapters.numpyro.{kernel_class.__name__}"},
+                                 inference_library=numpyro)
     tree = from_dict(groups, coords=coords, dims=dims, sample_dims=["chain", "draw"], save_warmup=True,
                      attrs={"/": {CONFIG_ATTR: config, FREE_VARS_ATTR: free_vars}, "posterior": posterior_attrs,
                             "sample_stats": {CONFIG_ATTR: config}})

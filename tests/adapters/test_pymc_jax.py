@@ -41,6 +41,23 @@ def test_gaussian_moments_and_pooled_tuner():
         assert (values == values[:1]).all(), name
 
 
+def test_riemannian_samples_a_correlated_gaussian_and_reports_the_solver():
+    cov = np.array([[1.0, 0.99], [0.99, 1.0]])
+    with pm.Model() as model:
+        pm.MvNormal("x", np.zeros(2), cov=cov)
+    tree = sample_numpyro_ahmc(model=model, tune=500, random_seed=2, riemannian=True, discard_tuned_samples=False,
+                               **QUIET)
+    x = tree.posterior["x"].values
+    # The whitened coordinates (x1 + x2, x1 - x2) / sqrt(2) are independent N(0, 1.99) and N(0, 0.01).
+    rotated = np.stack([x[..., 0] + x[..., 1], x[..., 0] - x[..., 1]], axis=-1) / np.sqrt(2.0)
+    assert_moments_match(rotated, np.zeros(2), np.sqrt([1.99, 0.01]))
+    stats = tree.sample_stats
+    assert stats["fixed_point_converged"].dtype == bool and stats["fixed_point_converged"].values.mean() > 0.9
+    assert (stats["n_grad_evals"].values >= stats["n_steps"].values).all()
+    assert tree.posterior.attrs["sampler"] == "ahmc.adapters.numpyro.AdaptiveRMHMC"
+    assert "one pooled tuner" in tuning_summary(history_from_datatree(tree))
+
+
 def test_datatree_has_pymc_names_coords_and_the_tuning_history():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 2))
