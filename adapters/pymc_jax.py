@@ -166,11 +166,13 @@ def sample_numpyro_ahmc(
     fields = EXTRA_FIELDS + (RMHMC_FIELDS if riemannian else ())
     (seed,) = _get_seeds_per_chain(random_seed, 1)
     points = _initial_points(model, chains, initvals, seed, jitter, logdensity_fn)
-    init_params = [jax.numpy.asarray(p) for p in points]
+    # One chain: NumPyro's single-chain mode (an unbatched key and start), else the kernel sees a batch of one.
+    init_params = [jax.numpy.asarray(p if chains > 1 else p[0]) for p in points]
 
     mcmc = MCMC(kernel, num_warmup=int(tune), num_samples=int(draws), num_chains=int(chains),
                 chain_method="vectorized", progress_bar=progressbar and not quiet)
-    keys = jax.random.split(jax.random.key(int(seed)), int(chains))
+    keys = jax.random.key(int(seed))
+    keys = jax.random.split(keys, int(chains)) if chains > 1 else keys
     groups: dict[str, Any] = {}
     start = time.perf_counter()
     if tune:

@@ -105,6 +105,12 @@ def test_random_seed_reproduces_draws():
     assert not np.array_equal(first, other)
 
 
+def test_one_chain_has_pymc_shapes():
+    tree = sample_numpyro_ahmc(model=gaussian_model(), draws=60, tune=100, chains=1, random_seed=1, **QUIET)
+    assert tree.posterior["x"].shape == (1, 60, len(SCALES))
+    assert tree.sample_stats["n_steps"].shape == (1, 60)
+
+
 def test_knobs_reach_the_kernel():
     tree = sample_numpyro_ahmc(model=gaussian_model(), draws=50, tune=200, chains=2, random_seed=1,
                                step_size_bounds=(0.05, 0.06), num_steps_bounds=(3, 4), **QUIET)
