@@ -356,7 +356,10 @@ def test_chees_runner_counts_every_chain():
     positions = models.initial_positions(model, 2, seed=0).astype(np.float32)
     import jax
 
-    out = run.SAMPLERS["chees"](jax.random.key(0), model, positions, 60, 30, num_chains=4)
+    # Single precision whatever an earlier test in this process set (importing PyMC's JAX sampling
+    # module, as sample_numpyro_ahmc does, turns jax_enable_x64 on).
+    with jax.enable_x64(False):
+        out = run.SAMPLERS["chees"](jax.random.key(0), model, positions, 60, 30, num_chains=4)
     assert out.draws.shape == (4, 30, 2) and np.all(np.isfinite(out.draws))
     assert out.num_grads_warmup.shape == out.num_grads_sampling.shape == (4,)
     assert np.all(out.num_grads_warmup >= 60) and np.all(out.num_grads_sampling >= 30)

@@ -40,7 +40,7 @@ def test_plot_tuning_example_writes_a_figure(tmp_path):
     assert output.stat().st_size > 10_000
 
 
-def test_pymc_compiled_example_summarizes_the_pooled_tuner():
+def test_pymc_compiled_example_summarizes_the_pooled_tuner(jax_x64):
     pytest.importorskip("pymc")
     pytest.importorskip("numpyro")
     summary = load("pymc_compiled").main(draws=300)

@@ -13,12 +13,21 @@ pytest.importorskip("numpyro")
 from pymc.exceptions import SamplingError  # noqa: E402
 
 from ahmc.adapters.diagnostics import history_from_datatree  # noqa: E402
-from ahmc.adapters.pymc import sample_numpyro_ahmc  # noqa: E402
 from ahmc.core.diagnostics import tuning_summary  # noqa: E402
 from tests.adapters.test_pymc import SCALES, gaussian_model, reference_model  # noqa: E402
 from tests.reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
 
 QUIET = dict(progressbar=False, compute_convergence_checks=False)
+
+# Importing the module turns JAX's 64-bit mode on (PyMC's JAX backend does): import it inside the
+# tests, under the fixture that gives the other tests their single precision back.
+pytestmark = pytest.mark.usefixtures("jax_x64")
+
+
+def sample_numpyro_ahmc(*args, **kwargs):
+    from ahmc.adapters.pymc import sample_numpyro_ahmc as sample
+
+    return sample(*args, **kwargs)
 
 
 @pytest.mark.parametrize("name", [
