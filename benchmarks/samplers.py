@@ -380,11 +380,15 @@ def run_ahmc_numpyro(rng_key, model, positions, num_warmup, num_samples, **optio
     says otherwise; other ``options`` go to ``AdaptiveHMC``.  Warm-up and
     sampling are timed separately, exactly as for ``numpyro_nuts``.
     """
+    return _run_ahmc_kernel(model.logdensity_fn, rng_key, positions, num_warmup, num_samples, **options)
+
+
+def _run_ahmc_kernel(logdensity_fn, rng_key, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """``AdaptiveHMC(potential_fn=-logdensity_fn)`` through ``_run_numpyro_mcmc``, with the tuner's extras."""
     from ahmc.adapters.numpyro import AdaptiveHMC
 
     options = dict(options)
     chain_method = options.pop("chain_method", "vectorized")
-    logdensity_fn = model.logdensity_fn
     kernel = AdaptiveHMC(potential_fn=lambda x: -logdensity_fn(x), **options)
     fields = ("step_size", "max_steps", "arm_changed", "tuning_round")
     run, _, warm, sample = _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples,
@@ -637,28 +641,15 @@ def run_ahmc_pymc_jax(rng_key, model, positions, num_warmup, num_samples, **opti
     """
     import jax.numpy as jnp
 
-    from ahmc.adapters.numpyro import AdaptiveHMC
     from ahmc.adapters.pymc_jax import jax_logdensity
 
-    options = dict(options)
-    chain_method = options.pop("chain_method", "vectorized")
     pm_model = _pymc_model(model)
     names = [v.name for v in pm_model.value_vars]
     if names != ["x"]:
         raise ValueError(f"the benchmark's PyMC models have one value variable 'x'; {model.name} has {names}")
-    logdensity_fn = jax_logdensity(pm_model)
-    kernel = AdaptiveHMC(potential_fn=lambda x: -logdensity_fn([jnp.asarray(x)]), **options)
-    fields = ("step_size", "max_steps", "arm_changed", "tuning_round")
-    run, _, warm, sample = _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples,
-                                             chain_method, fields)
-    run.extra.update(
-        final_step_size=_as_float_list(np.asarray(sample["step_size"])[:, -1]),
-        final_num_steps=_as_float_list(np.asarray(sample["max_steps"])[:, -1]),
-        rounds=_as_float_list(np.asarray(sample["tuning_round"]).max(axis=1)),
-        arm_changes=_as_float_list(np.asarray(warm["arm_changed"]).sum(axis=1)
-                                   + np.asarray(sample["arm_changed"]).sum(axis=1)),
-    )
-    return run
+    pymc_logdensity = jax_logdensity(pm_model)
+    return _run_ahmc_kernel(lambda x: pymc_logdensity([jnp.asarray(x)]), rng_key, positions, num_warmup,
+                            num_samples, **options)
 
 
 def run_pymc_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
