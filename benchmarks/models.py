@@ -63,6 +63,7 @@ class Model(NamedTuple):
     description     one line for the report
     mean, sd        (dim,) exact posterior mean and sd when known, else None
     quick_draws     (num_warmup, num_samples) of the quick mode, None = the run's default
+    full_draws      (num_warmup, num_samples) of the full mode, None = the run's default
     reference       posteriordb name whose reference moments score the draws, else None
     derived_fn      draws (chains, draws, dim) -> {name: (chains, draws, ...)}: the quantities the
                     reference (Stan names, constrained) or the truth describe, else None
@@ -77,6 +78,7 @@ class Model(NamedTuple):
     mean: np.ndarray | None = None
     sd: np.ndarray | None = None
     quick_draws: tuple[int, int] | None = None
+    full_draws: tuple[int, int] | None = None
     reference: str | None = None
     derived_fn: Callable | None = None
     truth: dict | None = None
@@ -268,9 +270,13 @@ def stochastic_volatility(num_steps: int = 1000) -> Model:
         return loglik + log_x1 + log_ar + log_sigma + log_phi
 
     init = np.concatenate([np.zeros(num_steps), [np.log(np.std(y)), np.arctanh(0.9), np.log(0.2)]])
+    # No sampler, NUTS included, converges here in 1000 + 1000 (R-hat 1.05-1.3; min ESS 11-228 over
+    # the samplers of one run, so their ratios were noise); at 2000 + 8000 NumPyro's NUTS reaches R-hat
+    # 1.006-1.009 (BENCHMARKS.md, "Stochastic volatility").  The full mode runs every sampler that long.
     return Model(
         "stochastic_volatility", logdensity_fn, num_steps + 3, init,
         f"stochastic volatility (paper 5.3), T = {num_steps} simulated, beta 0.65, sigma 0.15, phi 0.98",
+        full_draws=(2000, 8000),
     )
 
 

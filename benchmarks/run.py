@@ -20,7 +20,8 @@ Modes: the quick default (about 10-15 minutes for every sampler on a quiet
 the LGCP on a 16 x 16 grid, all at 1000 + 1000; ``--full`` adds the nine
 posteriordb posteriors (scored against their reference means), stochastic
 volatility (d = 1003) and the LGCP on the paper's 64 x 64 grid (4096 cells, d = 16384 by circulant embedding).  A model can set ``Model.quick_draws`` to
-run shorter in quick mode (the report then says so).  PyMC samplers run only
+run shorter in quick mode, and ``Model.full_draws`` to run longer in full mode (stochastic
+volatility: 2000 + 8000 for every sampler, where 1000 + 1000 converges for none); the report says so.  PyMC samplers run only
 on models with a PyMC version (``models.PYMC_MODEL_NAMES``); elsewhere they are
 recorded as skipped.  The JSON is rewritten after every run, so an interrupted
 run keeps what finished; at the end ``benchmarks/report.py`` writes the
@@ -319,6 +320,9 @@ def _draws_for(model, args) -> tuple[int, int, str | None]:
     if not args.full and model.quick_draws is not None and not args.draws_given:
         num_warmup, num_samples = model.quick_draws
         note = f"quick mode: {model.name} uses {num_warmup} warm-up / {num_samples} draws per chain"
+    if args.full and model.full_draws is not None and not args.draws_given:
+        num_warmup, num_samples = model.full_draws
+        note = f"full mode: {model.name} uses {num_warmup} warm-up / {num_samples} draws per chain"
     return num_warmup, num_samples, note
 
 

@@ -763,3 +763,17 @@ def test_rmhmc_benchmark_passes_sampler_options_to_the_named_sampler(monkeypatch
     assert results["settings"]["sampler_options"] == {"armhmc": {"shared_num_steps": False}}
     with pytest.raises(SystemExit):
         rmhmc.main(["--quick", "--sampler-options", '{"nope": {}}', "--output", str(out)])
+
+
+def test_models_set_their_own_draws_per_mode_unless_the_command_gives_them():
+    from types import SimpleNamespace
+
+    sv = models.get_model("stochastic_volatility")
+    assert sv.full_draws == (2000, 8000) and sv.quick_draws is None
+    full = run.parse_args(["--full"])
+    assert run._draws_for(sv, full)[:2] == (2000, 8000) and "full mode" in run._draws_for(sv, full)[2]
+    given = run.parse_args(["--full", "--num-samples", "500"])
+    assert run._draws_for(sv, given)[:2] == (1000, 500)
+    quick_model = SimpleNamespace(name="m", quick_draws=(100, 200), full_draws=None)
+    assert run._draws_for(quick_model, run.parse_args([]))[:2] == (100, 200)
+    assert run._draws_for(quick_model, full) == (1000, 1000, None)
