@@ -212,6 +212,13 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
         return scipy.linalg.solve_triangular(self._chol, x, lower=True)
 
 
+def refuse_discrete(value_vars, sampler: str, fix: str) -> None:
+    """ValueError naming the discrete value variables (gradient-based samplers cannot take them) and the fix."""
+    discrete = [v.name for v in value_vars if v.dtype in discrete_types]
+    if discrete:
+        raise ValueError(f"{sampler} needs gradients and cannot sample the discrete variable(s) {discrete}. {fix}")
+
+
 @dataclass_state
 class AdaptiveHMCState(BaseHMCState):
     _tuner_state: Any  # core TunerState (None during warm-up)
@@ -297,14 +304,9 @@ class AdaptiveHMC(BaseHMC):
                  min_steps_fraction=0.0, dense_mass=False, model=None, **kwargs):
         model = modelcontext(model)
         value_vars = model.continuous_value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
-        discrete = [v.name for v in value_vars if v.dtype in discrete_types]
-        if discrete:
-            raise ValueError(
-                f"{type(self).__name__} needs gradients and cannot sample the discrete variable(s) {discrete}. Give "
-                f"them their own step, e.g. pm.sample(step=[{type(self).__name__}(vars=[<continuous vars>]), "
-                f"pm.Metropolis(vars=[...])]), "
-                f"or leave them out of vars and PyMC assigns one."
-            )
+        refuse_discrete(value_vars, type(self).__name__,
+                        f"Give them their own step, e.g. pm.sample(step=[{type(self).__name__}(vars=[<continuous "
+                        f"vars>]), pm.Metropolis(vars=[...])]), or leave them out of vars and PyMC assigns one.")
         # Check every option before compiling anything (core raises ValueError on bad values).
         if step_size_bounds is not None:
             search_space(step_size_bounds, (1, 1))

@@ -37,10 +37,10 @@ from pymc.model import modelcontext  # noqa: E402
 from pymc.sampling import jax as pymc_jax  # noqa: E402
 from pymc.stats.convergence import log_warnings, run_convergence_checks  # noqa: E402
 from pymc.util import _get_seeds_per_chain, get_default_varnames  # noqa: E402
-from pymc.vartypes import discrete_types  # noqa: E402
 
 from .diagnostics import CONFIG_ATTR, FREE_VARS_ATTR, config_from_numpyro  # noqa: E402
 from .numpyro import TUNER_FIELDS, AdaptiveHMC, AdaptiveRMHMC  # noqa: E402
+from .pymc import refuse_discrete  # noqa: E402
 
 __all__ = ["sample_numpyro_ahmc", "jax_logdensity"]
 
@@ -52,16 +52,6 @@ STAT_NAMES = {"num_steps": "n_steps", "accept_prob": "acceptance_rate", "divergi
               "num_gradient_evals": "n_grad_evals"}
 EXTRA_FIELDS = ("diverging",) + TUNER_FIELDS
 RMHMC_FIELDS = ("fixed_point_converged", "num_gradient_evals")
-
-
-def _check_continuous(model) -> None:
-    discrete = [v.name for v in model.value_vars if v.dtype in discrete_types]
-    if discrete:
-        raise ValueError(
-            f"sample_numpyro_ahmc needs gradients and cannot sample the discrete variable(s) {discrete}. "
-            "Marginalize them out (pymc_extras.marginalize), or use pm.sample(step=[AdaptiveHMC(vars=...), "
-            "pm.Metropolis(vars=...)]) with a compound step."
-        )
 
 
 def jax_logdensity(model=None):
@@ -97,14 +87,18 @@ def _stats(extra: dict, *, chains: int) -> dict[str, np.ndarray]:
     return stats
 
 
-def _constrained(model, var_names, keep_untransformed, raw):
-    """Draws of the value variables -> the model's variables (PyMC's post-processing)."""
+def _to_model_variables(model, var_names, keep_untransformed):
+    """Draws of the value variables -> the model's variables, by PyMC's post-processing (built once)."""
     chosen = model.unobserved_value_vars if var_names is None else [
         v for v in model.unobserved_value_vars if v.name in var_names]
     outputs = list(get_default_varnames(chosen, include_transformed=keep_untransformed))
     jax_fn = pymc_jax.get_jaxified_graph(inputs=model.value_vars, outputs=outputs)
-    result = pymc_jax._postprocess_samples(jax_fn, raw, postprocessing_vectorize="vmap")
-    return {v.name: np.asarray(r) for v, r in zip(outputs, result)}
+
+    def convert(raw):
+        result = pymc_jax._postprocess_samples(jax_fn, raw, postprocessing_vectorize="vmap")
+        return {v.name: np.asarray(r) for v, r in zip(outputs, result)}
+
+    return convert
 
 
 def sample_numpyro_ahmc(
@@ -153,7 +147,9 @@ def sample_numpyro_ahmc(
     ...     idata = sample_numpyro_ahmc(draws=1000, tune=1000, chains=4, random_seed=1)
     """
     model = modelcontext(model)
-    _check_continuous(model)
+    refuse_discrete(model.value_vars, "sample_numpyro_ahmc",
+                    "Marginalize them out (pymc_extras.marginalize), or use pm.sample(step=[AdaptiveHMC(vars=...), "
+                    "pm.Metropolis(vars=...)]) with a compound step.")
     if not model.value_vars:
         raise ValueError("The model has no free variables to sample.")
     for name, value in (("draws", draws), ("tune", tune), ("chains", chains)):
@@ -173,20 +169,20 @@ def sample_numpyro_ahmc(
                 chain_method="vectorized", progress_bar=progressbar and not quiet)
     keys = jax.random.key(int(seed))
     keys = jax.random.split(keys, int(chains)) if chains > 1 else keys
+    to_model_variables = _to_model_variables(model, var_names, keep_untransformed)
     groups: dict[str, Any] = {}
     start = time.perf_counter()
     if tune:
         mcmc.warmup(keys, init_params=init_params, extra_fields=fields,
                     collect_warmup=not discard_tuned_samples)
         if not discard_tuned_samples:
-            groups["warmup_posterior"] = _constrained(model, var_names, keep_untransformed,
-                                                      mcmc.get_samples(group_by_chain=True))
+            groups["warmup_posterior"] = to_model_variables(mcmc.get_samples(group_by_chain=True))
             groups["warmup_sample_stats"] = _stats(mcmc.get_extra_fields(group_by_chain=True), chains=chains)
         keys = mcmc.post_warmup_state.rng_key
     mcmc.run(keys, init_params=None if tune else init_params, extra_fields=fields)
     elapsed = time.perf_counter() - start
 
-    groups["posterior"] = _constrained(model, var_names, keep_untransformed, mcmc.get_samples(group_by_chain=True))
+    groups["posterior"] = to_model_variables(mcmc.get_samples(group_by_chain=True))
     groups["sample_stats"] = _stats(mcmc.get_extra_fields(group_by_chain=True), chains=chains)
     observed, constant = find_observations(model), find_constants(model)
     if observed:
