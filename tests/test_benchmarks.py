@@ -582,6 +582,23 @@ def test_funnel_truth_check_passes_exact_draws_and_flags_a_missed_neck():
     assert funnel_truth_z(funnel_features(no_neck))["max_abs_z_mean"] > 6
 
 
+def test_funnel_fisher_metric_is_the_expected_hessian_of_the_negative_log_density():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from benchmarks.rmhmc import PLAN, funnel_fisher_metric, funnel_model
+
+    dim, v = 4, 0.7
+    hessian = jax.vmap(jax.hessian(lambda x: -funnel_model(dim).logdensity_fn(x)))
+    rest = np.exp(v / 2) * np.random.default_rng(1).normal(size=(20000, dim - 1))
+    expected = np.asarray(hessian(jnp.asarray(np.column_stack([np.full(len(rest), v), rest])))).mean(axis=0)
+    metric = np.asarray(funnel_fisher_metric(dim)(jnp.asarray([v, 5.0, -3.0, 0.1])))  # depends on v only
+    # Monte Carlo error of the average: about 0.01 relative on the diagonal, 0.01 exp(-v) off it.
+    np.testing.assert_allclose(metric, expected, atol=0.06)
+    assert metric[0, 0] == pytest.approx(1 / 9 + (dim - 1) / 2) and np.count_nonzero(metric - np.diag(np.diag(metric))) == 0
+    assert "armhmc_fisher" in PLAN["funnel"]
+
+
 def test_seed_spread_passes_options_through_and_divides_by_the_baseline_of_each_seed(monkeypatch, tmp_path):
     from benchmarks import seeds
 
