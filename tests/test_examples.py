@@ -52,3 +52,6 @@ def test_rmhmc_funnel_example_reaches_the_neck(capsys):
     v = load("rmhmc_funnel").main(num_warmup=200, num_samples=300)
     assert "fixed-point solves converged" in capsys.readouterr().out
     assert v.shape == (4, 300) and v.min() < -3.0  # P(v < -3) = 16%: a sampler stuck at the mouth fails
+    example = load("rmhmc_funnel")
+    v = example.main(num_warmup=200, num_samples=300, metric=example.fisher_metric)
+    assert v.shape == (4, 300) and v.min() < -3.0
