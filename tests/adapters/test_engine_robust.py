@@ -110,3 +110,29 @@ def test_stuck_chain_warning_names_the_chain():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _warn_host(np.zeros(3, bool), np.array([0.8, 0.7, 0.6]), np.zeros(3))
+
+
+def test_early_warmup_ignores_a_trapped_chain_and_caps_the_trajectories():
+    """Before the first mass-matrix window closes, the pooled dual averaging follows the median chain
+    and L = ceil(T_w / eps) is capped at EARLY_MAX_STEPS.  With the mean, the chain on the bump (width
+    0.01) pulled the shared step size of the N(0, I) chains to 0.025 (three seeds; 0.88-0.92 with the
+    median) and their trajectories to 30 steps on average; and a posterior with sd 0.01 under the
+    initial identity metric asked for L = 200 per iteration until the first window."""
+    from blackjax.adaptation.window_adaptation import build_schedule
+
+    from ahmc.adapters._jax_engine import EARLY_MAX_STEPS
+
+    num_warmup = 400
+    first_window_end = int(np.argmax(np.asarray(build_schedule(num_warmup // 2))[:, 1]))  # metric_fraction 0.5
+    early = slice(10, first_window_end + 1)  # after dual averaging's first moves
+    _, info = run_chains(jax.random.key(5), trapped_logdensity, trapped_start(4), num_warmup, 10)
+    assert np.median(np.asarray(info.step_size)[early]) > 0.3
+    assert np.asarray(info.num_integration_steps)[early].mean() < 8
+
+    def narrow(x):
+        return -0.5 * jnp.sum((x / 0.01) ** 2)
+
+    _, info = run_chains(jax.random.key(5), narrow, jnp.asarray(0.01 * trapped_start(4)), num_warmup, 10)
+    steps = np.asarray(info.num_integration_steps)
+    assert steps[: first_window_end + 1].max() <= EARLY_MAX_STEPS  # without the cap: ~200
+    assert np.median(np.asarray(info.step_size)[first_window_end + 50: num_warmup // 2]) > 0.3  # metric learned
