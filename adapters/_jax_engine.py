@@ -743,8 +743,8 @@ def build_engine(
         else:
             eps = jnp.where(in_metric_phase, warm_eps, arm_eps)
             early = it <= first_window_end
-            warm_l = jnp.where(early, jnp.minimum(warmup_num_steps(warm_eps), EARLY_MAX_STEPS),
-                               warmup_num_steps(warm_eps))
+            warm_l = warmup_num_steps(warm_eps)
+            warm_l = jnp.where(early, jnp.minimum(warm_l, EARLY_MAX_STEPS), warm_l)
             max_steps = jnp.where(in_metric_phase, warm_l, arm_l)
 
         # One HMC transition per chain, L_t ~ U{L_min..L} (L_min = 1: the paper's jitter).
