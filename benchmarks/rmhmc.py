@@ -14,8 +14,12 @@ Samplers (4 chains, the same starting points, ``init + Uniform(-2, 2)``):
   the box eps* x (0.5, 2), L in [1, ceil(4 pi / eps*)]; infinite adaptation).
 * ``rmhmc_fixed_0.5x6`` / ``rmhmc_fixed_0.25x6``: the same RMHMC kernel with
   hand-set eps = 0.5 (or 0.25) and L = 6 leapfrog steps every iteration (no
-  jitter, no adaptation); its "warm-up" is burn-in of the same length.  It
-  starts where ARMHMC's warm-up ended (ARMHMC's first kept draw of each
+  jitter, no adaptation); its "warm-up" is burn-in of the same length.
+* ``rmhmc_gc_0.5x6``: the protocol of Girolami & Calderhead (2011), whose code the
+  paper used for its RMHMC baseline: eps = 0.5 and ``L_t ~ U{1..6}`` drawn afresh
+  every iteration (their logistic-regression scripts set 6 steps of 3/6 and take
+  ``ceil(rand * 6)`` of them); no adaptation.
+* The hand-set samplers start where ARMHMC's warm-up ended (ARMHMC's first kept draw of each
   chain): from the Uniform(-2, 2) starts both settings stayed stuck (the
   implicit solves diverge where the Fisher metric is nearly singular; no
   proposal was accepted on pima in a first quick run), which would measure
@@ -51,8 +55,10 @@ from .samplers import SamplerRun, _as_float_list, _block, _timing, run_blackjax_
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGISTIC = {"pima": load_pima, "ripley": load_ripley, "breast_cancer": load_breast_cancer}
-# Hand-set (eps, L): the brief's 0.5 x 6 (trajectory length 3), and a shorter, more cautious 0.25 x 6.
-FIXED = {"rmhmc_fixed_0.5x6": (0.5, 6), "rmhmc_fixed_0.25x6": (0.25, 6)}
+# Hand-set (eps, L, jitter): the brief's 0.5 x 6 (trajectory length 3), a shorter, more cautious 0.25 x 6,
+# and Girolami & Calderhead's protocol, 0.5 with L_t ~ U{1..6} (jitter=True).
+FIXED = {"rmhmc_fixed_0.5x6": (0.5, 6, False), "rmhmc_fixed_0.25x6": (0.25, 6, False),
+         "rmhmc_gc_0.5x6": (0.5, 6, True)}
 MODES = {"quick": (500, 1000), "full": (1000, 2000)}
 
 
@@ -127,7 +133,10 @@ def run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, **opt
     )
 
 
-def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, step_size, num_steps) -> SamplerRun:
+def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, step_size, num_steps,
+                    jitter=False) -> SamplerRun:
+    """RMHMC with hand-set ``step_size`` and ``num_steps``; ``jitter=True`` draws ``L_t ~ U{1..num_steps}``
+    every iteration (Girolami & Calderhead's protocol) instead of taking ``num_steps`` each time."""
     import jax
     import jax.numpy as jnp
 
@@ -141,7 +150,9 @@ def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, 
         state = blackjax.mcmc.hmc.init(position, logdensity_fn)
 
         def body(state, step_key):
-            state, info = kernel(step_key, state, logdensity_fn, step_size, None, num_steps)
+            key_l, step_key = jax.random.split(step_key)
+            num = jax.random.randint(key_l, (), 1, num_steps + 1) if jitter else num_steps
+            state, info = kernel(step_key, state, logdensity_fn, step_size, None, num)
             return state, (state.position, info.num_gradient_evals, info.is_divergent, info.acceptance_rate,
                            info.fixed_point_converged)
 
@@ -166,7 +177,7 @@ def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, 
         num_divergent_sampling=np.asarray(div_s).sum(axis=1),
         timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
         extra={
-            "step_size": step_size, "num_steps": num_steps,
+            "step_size": step_size, "num_steps": num_steps, "jitter": bool(jitter),
             "mean_acceptance": float(np.asarray(accept).mean()),
             "fixed_point_converged": float(np.asarray(converged).mean()),
             "units_per_draw": float(np.asarray(units_s).mean()),
@@ -179,11 +190,12 @@ def _nuts(rng_key, model, positions, num_warmup, num_samples, metric, **options)
     return run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, **options)
 
 
-def _fixed(step_size, num_steps):
+def _fixed(step_size, num_steps, jitter):
     def runner(rng_key, model, positions, num_warmup, num_samples, metric, **options):
         if options:
             raise ValueError(f"the fixed-parameter RMHMC takes no options (got {sorted(options)})")
-        return run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, step_size, num_steps)
+        return run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, step_size, num_steps,
+                               jitter)
 
     return runner
 
@@ -278,7 +290,7 @@ def run(args) -> dict[str, Any]:
         for sampler in args.samplers or PLAN[name]:
             key = jax.random.fold_in(jax.random.key(args.seed), len(name))
             print(f"{name} / {sampler} ...", flush=True)
-            starts = armhmc_first_draws if sampler.startswith("rmhmc_fixed") else positions
+            starts = armhmc_first_draws if sampler in FIXED else positions
             options = getattr(args, "sampler_options", {}).get(sampler, {})
             out = SAMPLERS[sampler](key, model, starts, num_warmup, num_samples, metric, **options)
             if sampler == "armhmc":
@@ -383,7 +395,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         f"Command: `{command}`  ",
         f"{s['num_chains']} chains x ({s['num_warmup']} warm-up + {s['num_samples']} draws), float64, "
         f"on 2 shared CPU cores (other jobs running). Cost unit: {s['cost_unit']}. "
-        "Fixed RMHMC: rmhmc_fixed_<eps>x<L>, L leapfrog steps every iteration. Funnel: ESS of v and log|x_i|. "
+        "Fixed RMHMC: rmhmc_fixed_<eps>x<L>, L leapfrog steps every iteration; rmhmc_gc_0.5x6, Girolami & Calderhead's protocol, eps 0.5 and L_t ~ U{1..6}. Funnel: ESS of v and log|x_i|. "
         "ESS of x^2: bulk ESS of the squared deviations (x - mean)^2 (how well variances are estimated); "
         "lag-1: median over coordinates of the lag-1 autocorrelation. A lag-1 near -1 means the draws "
         "alternate around the mean: the ESS of x then exceeds the number of draws (ArviZ caps it at "

@@ -794,3 +794,26 @@ def test_models_set_their_own_draws_per_mode_unless_the_command_gives_them():
     quick_model = SimpleNamespace(name="m", quick_draws=(100, 200), full_draws=None)
     assert run._draws_for(quick_model, run.parse_args([]))[:2] == (100, 200)
     assert run._draws_for(quick_model, full) == (1000, 1000, None)
+
+
+def test_hand_set_rmhmc_with_girolami_calderhead_jitter_draws_fewer_steps_than_fixed_l():
+    """rmhmc_gc_0.5x6 takes L_t ~ U{1..6} (mean 3.5 steps), rmhmc_fixed_0.5x6 six every time: with an
+    identity metric a step costs 2 units plus the position solve's metric values (2 here: the solve
+    converges at once), so a draw costs 1 + 4 L_t units."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from benchmarks.rmhmc import FIXED, SAMPLERS, funnel_model
+
+    assert FIXED["rmhmc_gc_0.5x6"] == (0.5, 6, True) and FIXED["rmhmc_fixed_0.5x6"] == (0.5, 6, False)
+    model = funnel_model(2)._replace(logdensity_fn=lambda x: -0.5 * jnp.sum(x**2))
+    identity = lambda x: jnp.eye(2, dtype=x.dtype)  # noqa: E731
+    starts = np.zeros((2, 2))
+    cost = {}
+    for name in ("rmhmc_gc_0.5x6", "rmhmc_fixed_0.5x6"):
+        out = SAMPLERS[name](jax.random.key(3), model, starts, 5, 400, identity)
+        assert np.all(np.isfinite(out.draws)) and out.extra["jitter"] == FIXED[name][2]
+        cost[name] = out.extra["units_per_draw"]
+    assert cost["rmhmc_fixed_0.5x6"] == pytest.approx(1 + 4 * 6, abs=0.5)
+    # Mean of 1 + 4 L_t over 800 draws: 15 +- 3 sd / sqrt(800) (sd of 4 L_t is 6.8).
+    assert cost["rmhmc_gc_0.5x6"] == pytest.approx(1 + 4 * 3.5, abs=1.0)
