@@ -150,8 +150,10 @@ def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, 
         state = blackjax.mcmc.hmc.init(position, logdensity_fn)
 
         def body(state, step_key):
-            key_l, step_key = jax.random.split(step_key)
-            num = jax.random.randint(key_l, (), 1, num_steps + 1) if jitter else num_steps
+            num = num_steps
+            if jitter:  # split only here: the fixed-L draws stay those of earlier runs
+                key_l, step_key = jax.random.split(step_key)
+                num = jax.random.randint(key_l, (), 1, num_steps + 1)
             state, info = kernel(step_key, state, logdensity_fn, step_size, None, num)
             return state, (state.position, info.num_gradient_evals, info.is_divergent, info.acceptance_rate,
                            info.fixed_point_converged)
