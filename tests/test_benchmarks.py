@@ -817,3 +817,22 @@ def test_hand_set_rmhmc_with_girolami_calderhead_jitter_draws_fewer_steps_than_f
     assert cost["rmhmc_fixed_0.5x6"] == pytest.approx(1 + 4 * 6, abs=0.5)
     # Mean of 1 + 4 L_t over 800 draws: 15 +- 3 sd / sqrt(800) (sd of 4 L_t is 6.8).
     assert cost["rmhmc_gc_0.5x6"] == pytest.approx(1 + 4 * 3.5, abs=1.0)
+
+
+def test_rmhmc_seeds_table_divides_armhmc_by_each_hand_set_sampler_per_seed(tmp_path):
+    from benchmarks import rmhmc_seeds_table
+
+    def summary(means, squares, rhat):
+        return {"ess_per_grad": {"min": means}, "ess_per_grad_squares": {"min": squares}, "rhat_max": rhat}
+
+    files = []
+    for seed, (ours, theirs) in enumerate([(0.04, 0.02), (0.06, 0.03)]):
+        path = tmp_path / f"seed{seed}.json"
+        path.write_text(json.dumps({"runs": {"pima": {
+            "armhmc": summary(ours, 0.01, 1.002), "rmhmc_gc_0.5x6": summary(theirs, 0.0, 1.05)}}}))
+        files.append(path)
+    (row,) = rmhmc_seeds_table.ratios(files)
+    assert row["sampler"] == "rmhmc_gc_0.5x6" and row["means"] == pytest.approx([2.0, 2.0])
+    assert row["squares"] == [float("inf")] * 2 and row["rhat"] == [1.05, 1.05]
+    text = rmhmc_seeds_table.main([str(f) for f in files] + ["--output", str(tmp_path / "t.md")])
+    assert "| pima | rmhmc_gc_0.5x6 | 2.00, 2.00 (mean 2.00) | inf, inf (mean inf) |" in text
