@@ -136,3 +136,58 @@ def test_early_warmup_ignores_a_trapped_chain_and_caps_the_trajectories():
     steps = np.asarray(info.num_integration_steps)
     assert steps[: first_window_end + 1].max() <= EARLY_MAX_STEPS  # without the cap: ~200
     assert np.median(np.asarray(info.step_size)[first_window_end + 50: num_warmup // 2]) > 0.3  # metric learned
+
+
+@pytest.mark.parametrize("diagonal", [True, False])
+def test_merge_welford_pools_the_kept_chains_exactly(diagonal):
+    """Per-chain Welford sums merged over all chains equal one accumulator fed every chain's draws
+    (the estimate the engine used before); over a subset, they equal the subset's own accumulator."""
+    from blackjax.adaptation.mass_matrix import welford_algorithm
+
+    from ahmc.adapters._jax_engine import merge_welford
+
+    init, update, _ = welford_algorithm(diagonal)
+    draws = jnp.asarray(np.random.default_rng(2).normal(size=(4, 30, 3)) * [1.0, 5.0, 0.1] + [0.0, 3.0, -1.0])
+    draws = draws.at[2].add(40.0)  # chain 2 far away
+
+    def accumulate(chains):
+        state = init(3)
+        for t in range(draws.shape[1]):
+            for c in chains:
+                state = update(state, draws[c, t])
+        return state
+
+    per_chain = jax.tree.map(lambda *xs: jnp.stack(xs), *[accumulate([c]) for c in range(4)])
+    per_chain = per_chain._replace(sample_size=jnp.asarray(per_chain.sample_size, jnp.int32))
+    for keep, chains in (([True] * 4, [0, 1, 2, 3]), ([True, True, False, True], [0, 1, 3])):
+        merged, direct = merge_welford(per_chain, jnp.asarray(keep)), accumulate(chains)
+        np.testing.assert_allclose(np.asarray(merged.mean), np.asarray(direct.mean), rtol=1e-5, atol=1e-5)  # float32
+        np.testing.assert_allclose(np.asarray(merged.m2), np.asarray(direct.m2), rtol=1e-4, atol=1e-3)
+        assert int(merged.sample_size) == int(direct.sample_size) == 30 * len(chains)
+
+
+def test_a_chain_far_below_is_left_out_of_the_mass_matrix_window():
+    """A chain still climbing from a far start is not restarted (it may be heading where the others
+    have not been), but its positions, hundreds of sds away, would set the window's variance: on this
+    target (variance ~2 per coordinate; constant pull of 1 far out) the first window's inverse mass
+    matrix was ~1e5 in the climber's coordinate with it, and is the other chains' ~2 without it."""
+    from blackjax.adaptation.window_adaptation import build_schedule
+
+    from ahmc.adapters.blackjax import adaptive_hmc
+
+    def soft_laplace(x):  # log density -sum sqrt(1 + x^2): gradient bounded by 1, so the climb is slow
+        return -jnp.sum(jnp.sqrt(1.0 + x**2))
+
+    num_warmup = 400
+    first_window_end = int(np.argmax(np.asarray(build_schedule(num_warmup // 2))[:, 1]))
+    starts = jnp.asarray(np.random.default_rng(0).uniform(-2.0, 2.0, size=(4, 2))).at[3, 0].set(1000.0)
+    sampler = adaptive_hmc(soft_laplace, num_warmup=num_warmup)
+    state = sampler.init(starts, jax.random.key(0))
+    step = jax.jit(sampler.step)
+    restarted = np.zeros(4, bool)
+    for key in jax.random.split(jax.random.key(1), first_window_end + 1):
+        state, info = step(key, state)
+        restarted |= np.asarray(info.restarted)
+    assert not restarted.any() and float(state.position[3, 0]) > 100.0  # still climbing, not restarted
+    imm = np.asarray(state.inverse_mass_matrix)
+    assert np.all(imm < 20.0) and np.all(imm > 0.2), imm
