@@ -30,7 +30,9 @@ At the end of Stan's initial fast window and of every slow window, a chain whose
 mean log density over the window is far below the median chain's, still is at
 the check, and did not climb (trapped in a region of negligible mass) restarts from another chain's position
 (``restart_lost_chains``; 3+ chains): the pooled dual averaging would otherwise
-follow it down to a useless step size.
+follow it down to a useless step size.  A chain far below the others over a slow window (lost,
+or still climbing) is also left out of that window's mass-matrix estimate (:func:`merge_welford`),
+whose variances its distance from the others would otherwise set.
 
 At the end of the metric phase the mass matrix is frozen, ``eps*`` is the
 dual-averaging step size, and the search box becomes
@@ -445,7 +447,8 @@ def build_engine(
         (:func:`lost_chains`) restarts from the
         current position of a randomly chosen chain that is not far below, and
         the pooled dual averaging restarts.  A chain still climbing from a
-        far-off start is left alone.  A chain
+        far-off start is left alone, but like a lost chain it is left out of the
+        mass-matrix estimate of a slow window it spent far below the others.  A chain
         caught in a negligible-mass trap (e.g. a collapsed mixture component)
         otherwise drags the pooled step size down by orders of magnitude and
         never mixes.  Warm-up only; at the end of warm-up a chain far below the
