@@ -30,9 +30,7 @@ At the end of Stan's initial fast window and of every slow window, a chain whose
 mean log density over the window is far below the median chain's, still is at
 the check, and did not climb (trapped in a region of negligible mass) restarts from another chain's position
 (``restart_lost_chains``; 3+ chains): the pooled dual averaging would otherwise
-follow it down to a useless step size.  A chain far below the others over a slow window (lost,
-or still climbing) is also left out of that window's mass-matrix estimate (:func:`merge_welford`),
-whose variances its distance from the others would otherwise set.
+follow it down to a useless step size.
 
 At the end of the metric phase the mass matrix is frozen, ``eps*`` is the
 dual-averaging step size, and the search box becomes
@@ -71,7 +69,7 @@ from jax.flatten_util import ravel_pytree
 
 import blackjax.mcmc.hmc as hmc
 import blackjax.mcmc.integrators as integrators
-from blackjax.adaptation.mass_matrix import WelfordAlgorithmState, mass_matrix_adaptation, welford_algorithm
+from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
 from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reasonable_step_size
 from blackjax.adaptation.window_adaptation import build_schedule
 
@@ -80,7 +78,7 @@ from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, RoundStats, TunerState, check
                        round_update, search_space, shrink_correlations)
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
-           "sample", "lost_chains", "far_below", "climbing", "MassMatrixWindow", "merge_welford"]
+           "sample", "lost_chains", "far_below", "climbing"]
 
 NEVER = np.iinfo(np.int32).max
 
@@ -94,44 +92,6 @@ class SearchBox(NamedTuple):
 
     step_size: Any
     num_steps: Any
-
-
-class MassMatrixWindow(NamedTuple):
-    """The current mass-matrix window's running estimates.
-
-    pooled : MassMatrixAdaptationState   BlackJAX's, fed every chain's positions in turn (Stan's
-                                         estimate pooled over chains)
-    per_chain : WelfordAlgorithmState    the same sums for each chain alone, leading axis (C,): at the
-                                         window's end a chain far below the others is left out of the
-                                         estimate (:func:`merge_welford`); otherwise ``pooled`` is used
-    """
-
-    pooled: Any
-    per_chain: Any
-
-
-def merge_welford(per_chain: WelfordAlgorithmState, keep) -> WelfordAlgorithmState:
-    """One Welford state from per-chain ones, over the chains where ``keep`` (C,) is True.
-
-    Chan, Golub & LeVeque's combination: the pooled mean weights each chain's mean by its count,
-    and the pooled sum of squared deviations adds each chain's own plus ``n_c`` times the squared
-    offset of its mean from the pooled one (outer products for a dense ``m2``).  With every chain
-    kept it equals feeding all the chains' positions into one Welford accumulator.
-    """
-    dtype = per_chain.mean.dtype
-    weight = keep.astype(dtype) * per_chain.sample_size.astype(dtype)  # (C,)
-    total = jnp.sum(weight)
-    mean = jnp.sum(weight[:, None] * per_chain.mean, axis=0) / jnp.maximum(total, 1.0)
-    offset = per_chain.mean - mean
-    if per_chain.m2.ndim == 2:  # diagonal: m2 is (C, D)
-        spread = per_chain.m2 + per_chain.sample_size.astype(dtype)[:, None] * offset**2
-        m2 = jnp.sum(keep.astype(dtype)[:, None] * spread, axis=0)
-    else:  # dense: m2 is (C, D, D)
-        spread = per_chain.m2 + (per_chain.sample_size.astype(dtype)[:, None, None]
-                                 * offset[:, :, None] * offset[:, None, :])
-        m2 = jnp.sum(keep.astype(dtype)[:, None, None] * spread, axis=0)
-    count = jnp.sum(jnp.where(keep, per_chain.sample_size, 0)).astype(jnp.int32)
-    return WelfordAlgorithmState(mean, m2, count)
 
 
 class WindowStats(NamedTuple):
@@ -165,7 +125,7 @@ class EngineState(NamedTuple):
     inverse_mass_matrix : float, (D,)    diagonal inverse mass matrix (flattened position)
     box : SearchBox                      the search box in use
     step_size_adaptation : DualAveragingAdaptationState (unbatched, pooled acceptance)
-    mass_matrix_adaptation : MassMatrixWindow (pooled and per-chain Welford sums of the current window)
+    mass_matrix_adaptation : MassMatrixAdaptationState (pooled Welford)
     adapt_probability : float, ()        p_i of the latest tuner update (1 before any)
     window : WindowStats                 per-chain log density / acceptance sums since the last chain check
 
@@ -447,8 +407,7 @@ def build_engine(
         (:func:`lost_chains`) restarts from the
         current position of a randomly chosen chain that is not far below, and
         the pooled dual averaging restarts.  A chain still climbing from a
-        far-off start is left alone, but like a lost chain it is left out of the
-        mass-matrix estimate of a slow window it spent far below the others.  A chain
+        far-off start is left alone.  A chain
         caught in a negligible-mass trap (e.g. a collapsed mixture component)
         otherwise drags the pooled step size down by orders of magnitude and
         never mixes.  Warm-up only; at the end of warm-up a chain far below the
@@ -619,7 +578,6 @@ def build_engine(
     hmc_kernel = hmc.build_kernel(integrator, divergence_threshold) if kernel is None else kernel
     da_init_raw, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
     mm_init_raw, mm_update, mm_final_raw = mass_matrix_adaptation(is_diagonal_matrix=not dense_mass)
-    wc_init_raw, wc_update, _ = welford_algorithm(is_diagonal_matrix=not dense_mass)
 
     # BlackJAX's init functions return Python scalars in places; give every leaf a fixed
     # dtype so that scan carries and cond branches agree.
@@ -636,14 +594,6 @@ def build_engine(
     def mm_init(dim, dtype):
         s = mm_fix(mm_init_raw(dim))
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, s)
-
-    def chain_welford_init(num_chains, dim, dtype):
-        wc = wc_init_raw(dim)
-        wc = WelfordAlgorithmState(wc.mean.astype(dtype), wc.m2.astype(dtype), jnp.asarray(0, jnp.int32))
-        return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_chains,) + x.shape), wc)
-
-    def window_state_init(num_chains, dim, dtype):
-        return MassMatrixWindow(mm_init(dim, dtype), chain_welford_init(num_chains, dim, dtype))
 
     def mm_final(s):
         dtype = s.inverse_mass_matrix.dtype
@@ -741,8 +691,7 @@ def build_engine(
             position=positions, logdensity=logdensity, logdensity_grad=grad,
             iteration=jnp.asarray(0, jnp.int32), tuner=tuner_state, round_stats=stats,
             inverse_mass_matrix=imm, box=box, step_size_adaptation=da_init(eps0),
-            mass_matrix_adaptation=window_state_init(num_chains, dim, dtype),
-            adapt_probability=jnp.asarray(1.0, dtype),
+            mass_matrix_adaptation=mm_init(dim, dtype), adapt_probability=jnp.asarray(1.0, dtype),
             window=window_init(num_chains, dtype), whitening=inverse_cholesky(imm) if dense_mass else None,
             **round_buffers(positions, tuner_state, box, rng_key),
         )
@@ -853,10 +802,8 @@ def build_engine(
                 new = jax.tree.map(take, new)
                 da_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(lost), a, b),
                                         da_init(jnp.exp(da_state.log_step_size)), da_state)
-                keep_in_window = ~far
             else:
                 lost = jnp.zeros((num_chains,), bool)
-                keep_in_window = jnp.ones((num_chains,), bool)
             warmup_ends = it == num_warmup - 1
             if num_warmup > 0:
                 jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains),
@@ -867,30 +814,21 @@ def build_engine(
             window_end = in_metric_phase & is_window_end[phase_it]
             flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
 
-            def pool_positions(window_state):
-                pooled = jax.lax.scan(lambda s, x: (mm_update(s, x), None), window_state.pooled, flat_new)[0]
-                return MassMatrixWindow(pooled, jax.vmap(wc_update)(window_state.per_chain, flat_new))
+            def pool_positions(mm_state):
+                return jax.lax.scan(lambda s, x: (mm_update(s, x), None), mm_state, flat_new)[0]
 
             mm_state = jax.lax.cond(slow_now, pool_positions, lambda s: s, state.mass_matrix_adaptation)
 
             def close_window(operand):
-                window_state, _, da_state, _ = operand
-                # A chain far below the others over this window (one still climbing from a far start,
-                # or in a local mode the check did not restart) would swamp the variances with its
-                # distance from them: the estimate then comes from the other chains only.
-                wc = jax.tree.map(lambda merged, pooled: jnp.where(jnp.all(keep_in_window), pooled, merged),
-                                  merge_welford(window_state.per_chain, keep_in_window),
-                                  window_state.pooled.wc_state)
-                window_mean = wc.mean.astype(dtype) if use_center else None
-                num_draws = wc.sample_size
-                mm_state = mm_final(window_state.pooled._replace(wc_state=wc))
+                mm_state, _, da_state, _ = operand
+                window_mean = mm_state.wc_state.mean.astype(dtype) if use_center else None
+                num_draws = mm_state.wc_state.sample_size
+                mm_state = mm_final(mm_state)
                 if dense_mass:  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
                     mm_state = mm_state._replace(inverse_mass_matrix=shrink_correlations(
                         mm_state.inverse_mass_matrix, num_draws, jnp))
                 restart = da_init(jnp.exp(da_state.log_step_size))
-                fresh = chain_welford_init(num_chains, flat_new.shape[-1], dtype)
-                return (MassMatrixWindow(mm_state, fresh), mm_state.inverse_mass_matrix.astype(dtype), restart,
-                        window_mean)
+                return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart, window_mean
 
             mm_state, imm, da_state, center = jax.lax.cond(
                 window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state, state.center))

@@ -105,9 +105,8 @@ class AdaptiveHMC(MCMCKernel):
         ``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``, ``delta``.
         ``restart_lost_chains`` (default True): with 3+ vectorized chains the
         warm-up restarts a chain lost far below the others from another
-        chain's position and leaves a chain far below out of the mass-matrix
-        window it spent there; a chain still lost or stuck at the end of
-        warm-up gets a ``UserWarning``.
+        chain's position; a chain still lost or stuck at the end of warm-up
+        gets a ``UserWarning``.
 
     Examples
     --------
