@@ -397,7 +397,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
         f"Command: `{command}`  ",
         f"{s['num_chains']} chains x ({s['num_warmup']} warm-up + {s['num_samples']} draws), float64, "
         f"on 2 shared CPU cores (other jobs running). Cost unit: {s['cost_unit']}. "
-        "Fixed RMHMC: rmhmc_fixed_<eps>x<L>, L leapfrog steps every iteration; rmhmc_gc_0.5x6, Girolami & Calderhead's protocol, eps 0.5 and L_t ~ U{1..6}. Funnel: ESS of v and log|x_i|. "
+        "Fixed RMHMC: rmhmc_fixed_<eps>x<L>, L leapfrog steps every iteration; rmhmc_gc_0.5x6, "
+        "Girolami & Calderhead's protocol, eps 0.5 and L_t ~ U{1..6}. Funnel: ESS of v and log|x_i|. "
         "ESS of x^2: bulk ESS of the squared deviations (x - mean)^2 (how well variances are estimated); "
         "lag-1: median over coordinates of the lag-1 autocorrelation. A lag-1 near -1 means the draws "
         "alternate around the mean: the ESS of x then exceeds the number of draws (ArviZ caps it at "
