@@ -218,6 +218,7 @@ def test_compile_clock_times_a_short_call_by_the_median_of_repeats(monkeypatch):
         return x
 
     monkeypatch.setattr(metrics, "REPEAT_BELOW_S", 0.1)
+    monkeypatch.setattr(metrics, "REPEAT_BUDGET_S", 0.1)  # five calls take 0.13 s: no more needed
     clock = metrics.CompileClock()
     with clock.phase("short"):
         time.sleep(0.03)
@@ -229,6 +230,30 @@ def test_compile_clock_times_a_short_call_by_the_median_of_repeats(monkeypatch):
         clock.execute(compiled, 1)
     assert clock.repeat_s["long"] == [pytest.approx(0.2, abs=0.05)] and clock.run_s["long"] >= 0.19
     assert next(sleeps, None) is None and clock.as_dict()["repeat_s"]["short"] == clock.repeat_s["short"]
+
+
+def test_compile_clock_repeats_a_very_short_call_until_its_time_budget_is_spent(monkeypatch):
+    """A call much shorter than REPEAT_BUDGET_S is repeated past REPEATS until the budget is spent,
+    and never more than MAX_REPEATS times."""
+    pytest.importorskip("jax")
+    import time
+
+    from benchmarks import metrics
+
+    def compiled(x):
+        time.sleep(0.01)
+        return x
+
+    monkeypatch.setattr(metrics, "REPEAT_BUDGET_S", 0.15)
+    clock = metrics.CompileClock()
+    with clock.phase("budget"):
+        clock.execute(compiled, 0)
+    assert 8 <= len(clock.repeat_s["budget"]) <= 17  # 1 + ~0.15 s / 0.01 s: past REPEATS (sleep overshoots)
+    assert clock.run_s["budget"] == pytest.approx(0.01, abs=0.005)
+    monkeypatch.setattr(metrics, "MAX_REPEATS", 8)
+    with clock.phase("capped"):
+        clock.execute(compiled, 0)
+    assert len(clock.repeat_s["capped"]) == 8
 
 
 @pytest.mark.parametrize("sampler", [pytest.param("numpyro_nuts", marks=pytest.mark.slow), "ahmc_numpyro"])  # same code path
