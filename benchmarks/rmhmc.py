@@ -19,6 +19,8 @@ Samplers (4 chains, the same starting points, ``init + Uniform(-2, 2)``):
   paper used for its RMHMC baseline: eps = 0.5 and ``L_t ~ U{1..6}`` drawn afresh
   every iteration (their logistic-regression scripts set 6 steps of 3/6 and take
   ``ceil(rand * 6)`` of them); no adaptation.
+* Any other arm by name: ``rmhmc_fixed_<eps>x<L>`` or ``rmhmc_gc_<eps>x<L>`` (a scan of hand-set
+  arms around the ones the tuner picks).
 * The hand-set samplers start where ARMHMC's warm-up ended (ARMHMC's first kept draw of each
   chain): from the Uniform(-2, 2) starts both settings stayed stuck (the
   implicit solves diverge where the Fisher metric is nearly singular; no
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -239,6 +242,30 @@ def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metri
                       **{"min_steps_fraction": 0.5, **options})
 
 
+HAND_SET_NAME = re.compile(r"rmhmc_(fixed|gc)_(\d+(?:\.\d+)?)x(\d+)")
+
+
+def hand_set_parameters(name: str) -> tuple[float, int, bool] | None:
+    """(eps, L, jitter) of a hand-set sampler name, ``None`` for any other sampler.
+
+    Besides the named ones in ``FIXED``, any ``rmhmc_fixed_<eps>x<L>`` (L steps every iteration) or
+    ``rmhmc_gc_<eps>x<L>`` (Girolami & Calderhead's ``L_t ~ U{1..L}``) runs, e.g. ``rmhmc_gc_0.7x4``:
+    a scan of fixed arms shows where on the reward surface the tuner's arms sit.
+    """
+    if name in FIXED:
+        return FIXED[name]
+    match = HAND_SET_NAME.fullmatch(name)
+    if match is None or float(match[2]) <= 0 or int(match[3]) < 1:
+        return None
+    return float(match[2]), int(match[3]), match[1] == "gc"
+
+
+def runner(name: str):
+    """The function that runs sampler ``name`` (a key of ``SAMPLERS`` or a hand-set name), or ``None``."""
+    parameters = hand_set_parameters(name)
+    return _fixed(*parameters) if parameters is not None else SAMPLERS.get(name)
+
+
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
             "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "armhmc_fisher": _armhmc_fisher,
             "blackjax_nuts": _nuts,
@@ -280,7 +307,10 @@ def run(args) -> dict[str, Any]:
     num_warmup, num_samples = MODES["quick" if args.quick else "full"]
     results: dict[str, Any] = {"settings": {
         "mode": "quick" if args.quick else "full", "num_chains": args.chains, "num_warmup": num_warmup,
-        "num_samples": num_samples, "fixed": {name: list(value) for name, value in FIXED.items()},
+        "num_samples": num_samples,
+        "fixed": {name: list(hand_set_parameters(name))
+                  for name in dict.fromkeys([*FIXED, *(getattr(args, "samplers", None) or [])])
+                  if hand_set_parameters(name) is not None},
         "cost_unit": "one per log-density gradient and one per metric evaluation (NUTS: per leapfrog step)",
         "funnel_ess_of": "v and log|x_i|", "sampler_options": getattr(args, "sampler_options", {}),
     }, "runs": {}}
@@ -292,9 +322,12 @@ def run(args) -> dict[str, Any]:
         for sampler in args.samplers or PLAN[name]:
             key = jax.random.fold_in(jax.random.key(args.seed), len(name))
             print(f"{name} / {sampler} ...", flush=True)
-            starts = armhmc_first_draws if sampler in FIXED else positions
+            hand_set = hand_set_parameters(sampler) is not None
+            if hand_set and armhmc_first_draws is None:
+                raise ValueError(f"{sampler} starts where ARMHMC's warm-up ended: put armhmc before it in --samplers")
+            starts = armhmc_first_draws if hand_set else positions
             options = getattr(args, "sampler_options", {}).get(sampler, {})
-            out = SAMPLERS[sampler](key, model, starts, num_warmup, num_samples, metric, **options)
+            out = runner(sampler)(key, model, starts, num_warmup, num_samples, metric, **options)
             if sampler == "armhmc":
                 armhmc_first_draws = out.draws[:, 0]
             draws = funnel_features(out.draws) if name == "funnel" else out.draws
@@ -397,8 +430,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
         f"Command: `{command}`  ",
         f"{s['num_chains']} chains x ({s['num_warmup']} warm-up + {s['num_samples']} draws), float64, "
         f"on 2 shared CPU cores (other jobs running). Cost unit: {s['cost_unit']}. "
-        "Fixed RMHMC: rmhmc_fixed_<eps>x<L>, L leapfrog steps every iteration; rmhmc_gc_0.5x6, "
-        "Girolami & Calderhead's protocol, eps 0.5 and L_t ~ U{1..6}. Funnel: ESS of v and log|x_i|. "
+        "Fixed RMHMC: rmhmc_fixed_<eps>x<L>, L leapfrog steps every iteration; rmhmc_gc_<eps>x<L>, "
+        "Girolami & Calderhead's protocol, L_t ~ U{1..L} (theirs: eps 0.5, L 6). Funnel: ESS of v and log|x_i|. "
         "ESS of x^2: bulk ESS of the squared deviations (x - mean)^2 (how well variances are estimated); "
         "lag-1: median over coordinates of the lag-1 autocorrelation. A lag-1 near -1 means the draws "
         "alternate around the mean: the ESS of x then exceeds the number of draws (ArviZ caps it at "
@@ -445,7 +478,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="500 + 1000 draws per chain (default 1000 + 2000)")
     parser.add_argument("--models", type=lambda t: t.split(","), default=list(PLAN))
     parser.add_argument("--samplers", type=lambda t: t.split(","), default=None,
-                        help=f"subset of each model's plan, or extra ones ({', '.join(SAMPLERS)})")
+                        help=f"subset of each model's plan, or extra ones ({', '.join(SAMPLERS)}, or any "
+                             "rmhmc_fixed_<eps>x<L> / rmhmc_gc_<eps>x<L>, listed after armhmc)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--output", type=Path, default=None)
@@ -458,10 +492,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = set(args.models) - set(PLAN)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; known: {', '.join(PLAN)}")
-    if not isinstance(args.sampler_options, dict) or set(args.sampler_options) - set(SAMPLERS):
-        parser.error(f"--sampler-options must be a JSON object keyed by known samplers ({', '.join(SAMPLERS)})")
-    if args.samplers and set(args.samplers) - set(SAMPLERS):
-        parser.error(f"unknown samplers {sorted(set(args.samplers) - set(SAMPLERS))}; known: {', '.join(SAMPLERS)}")
+    known = f"{', '.join(SAMPLERS)}, or rmhmc_fixed_<eps>x<L> / rmhmc_gc_<eps>x<L>"
+    if not isinstance(args.sampler_options, dict) or any(runner(name) is None for name in args.sampler_options):
+        parser.error(f"--sampler-options must be a JSON object keyed by known samplers ({known})")
+    if args.samplers and any(runner(name) is None for name in args.samplers):
+        unknown = sorted(name for name in args.samplers if runner(name) is None)
+        parser.error(f"unknown samplers {unknown}; known: {known}")
+    if args.samplers and any(hand_set_parameters(name) for name in args.samplers):
+        first = next(i for i, name in enumerate(args.samplers) if hand_set_parameters(name))
+        if "armhmc" not in args.samplers[:first]:
+            parser.error("the hand-set samplers start where ARMHMC's warm-up ended: list armhmc before them")
 
     import jax
 

@@ -861,3 +861,20 @@ def test_rmhmc_seeds_table_divides_armhmc_by_each_hand_set_sampler_per_seed(tmp_
     assert row["squares"] == [float("inf")] * 2 and row["rhat"] == [1.05, 1.05]
     text = rmhmc_seeds_table.main([str(f) for f in files] + ["--output", str(tmp_path / "t.md")])
     assert "| pima | rmhmc_gc_0.5x6 | 2.00, 2.00 (mean 2.00) | inf, inf (mean inf) |" in text
+
+
+def test_rmhmc_hand_set_arms_by_name_parse_and_must_follow_armhmc():
+    """``rmhmc_gc_<eps>x<L>`` / ``rmhmc_fixed_<eps>x<L>`` name any hand-set arm; other names are unknown,
+    and a hand-set sampler listed before ``armhmc`` (whose warm-up end is its start) is refused."""
+    from benchmarks import rmhmc
+
+    assert rmhmc.hand_set_parameters("rmhmc_gc_0.7x4") == (0.7, 4, True)
+    assert rmhmc.hand_set_parameters("rmhmc_fixed_1x3") == (1.0, 3, False)
+    assert rmhmc.hand_set_parameters("rmhmc_gc_0.5x6") == rmhmc.FIXED["rmhmc_gc_0.5x6"]
+    for name in ("rmhmc_gc_0x4", "rmhmc_gc_0.7x0", "rmhmc_gc_0.7", "rmhmc_jitter_0.7x4", "armhmc"):
+        assert rmhmc.hand_set_parameters(name) is None
+    assert rmhmc.runner("armhmc") is rmhmc.run_armhmc and rmhmc.runner("rmhmc_gc_0.7") is None
+    with pytest.raises(SystemExit):
+        rmhmc.main(["--models", "ripley", "--samplers", "rmhmc_gc_0.7x4,armhmc"])
+    with pytest.raises(SystemExit):
+        rmhmc.main(["--models", "ripley", "--samplers", "armhmc,rmhmc_gc_0.7"])
