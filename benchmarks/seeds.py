@@ -41,14 +41,21 @@ def min_ess_per_grad(results: dict) -> dict:
     return min_metric(results, "ess_per_grad")
 
 
+def baseline_value(values_of_seed: dict, model: str, baseline: str) -> float | None:
+    """The baseline's value on ``model`` in one seed; for ``"a,b"`` the best of the listed samplers there."""
+    found = [values_of_seed[(model, name)] for name in baseline.split(",") if (model, name) in values_of_seed]
+    return max(found) if found else None
+
+
 def summarize(per_seed: dict[int, dict], baseline: str) -> dict:
-    """Ratios to ``baseline`` per model, sampler and seed, and their spread."""
+    """Ratios to ``baseline`` (a sampler, or ``"a,b"``: the best of them in each seed) per model, sampler
+    and seed, and their spread."""
     keys = sorted({key for values in per_seed.values() for key in values})
     table = {}
     for model, sampler in keys:
         seeds, values, ratios = [], [], []
         for seed, values_of_seed in sorted(per_seed.items()):
-            value, base = values_of_seed.get((model, sampler)), values_of_seed.get((model, baseline))
+            value, base = values_of_seed.get((model, sampler)), baseline_value(values_of_seed, model, baseline)
             seeds.append(seed)
             values.append(value)
             ratios.append(value / base if value is not None and base else None)
@@ -62,15 +69,28 @@ def summarize(per_seed: dict[int, dict], baseline: str) -> dict:
     return table
 
 
-def markdown(summary: dict, baseline: str, command: str) -> str:
-    lines = [f"# Min ESS per gradient over seeds, as a ratio to {baseline}", "", f"`{command}`", "",
-             "| model | sampler | ratio per seed | mean (min-max) |", "|---|---|---|---|"]
-    for model, samplers in summary["table"].items():
+def _table_lines(table: dict) -> list[str]:
+    lines = ["| model | sampler | ratio per seed | mean (min-max) |", "|---|---|---|---|"]
+    for model, samplers in table.items():
         for sampler, row in samplers.items():
             per_seed = ", ".join("-" if r is None else f"{r:.2f}" for r in row["ratio_to_baseline"])
             spread = "-" if row["ratio_mean"] is None else (
                 f"{row['ratio_mean']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})")
             lines.append(f"| {model} | {sampler} | {per_seed} | {spread} |")
+    return lines
+
+
+def _named(baseline: str) -> str:
+    return f"the best of {baseline.replace(',', ', ')} in each seed" if "," in baseline else baseline
+
+
+def markdown(summary: dict, baseline: str, command: str) -> str:
+    lines = [f"# Min ESS per gradient over seeds, as a ratio to {_named(baseline)}", "", f"`{command}`", "",
+             *_table_lines(summary["table"])]
+    if summary.get("per_second_table"):
+        lines += ["", f"## Min ESS per second, as a ratio to {_named(summary['per_second_baseline'])}", "",
+                  "(Sampling phase, compilation apart; the same runs.)", "",
+                  *_table_lines(summary["per_second_table"])]
     lines += ["", f"Seeds: {summary['seeds']}. Machine: {summary['environment']}."]
     return "\n".join(lines)
 
@@ -80,28 +100,36 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.seeds", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", required=True)
     parser.add_argument("--samplers", required=True)
-    parser.add_argument("--baseline", required=True, help="sampler the ratios divide by (also run)")
+    parser.add_argument("--baseline", required=True,
+                        help="sampler the ratios divide by (also run); a,b: the best of these in each seed")
+    parser.add_argument("--per-second-baseline", default=None,
+                        help="also tabulate min ESS per second as a ratio to this sampler (or a,b: the best)")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--sampler-options", default=None,
                         help="passed to every run unchanged (JSON: {sampler: {option: value}})")
     args = parser.parse_args(argv)
     samplers = args.samplers.split(",")
-    if args.baseline not in samplers:
-        parser.error(f"--baseline {args.baseline} must be one of --samplers {args.samplers}")
+    for option, value in (("--baseline", args.baseline), ("--per-second-baseline", args.per_second_baseline)):
+        if value is not None and not set(value.split(",")) <= set(samplers):
+            parser.error(f"{option} {value} must be among --samplers {args.samplers}")
     seeds = [int(s) for s in args.seeds.split(",")]
-    per_seed, environment = {}, None
+    per_seed, per_second, environment = {}, {}, None
     for seed in seeds:
         path = args.output.with_name(f"{args.output.stem}_seed{seed}.json")
         options = ["--sampler-options", args.sampler_options] if args.sampler_options else []
         results = bench.main(["--models", args.models, "--samplers", args.samplers, "--seed", str(seed),
                               "--output", str(path), *options])
         per_seed[seed] = min_ess_per_grad(results)
+        per_second[seed] = min_metric(results, "ess_per_second")
         env = results["environment"]
         environment = environment or f"{env.get('cpu_model', '?')}, {env.get('nproc', '?')} CPUs (shared)"
     command = "python -m benchmarks.seeds " + shlex.join(argv)
     summary = {"command": command, "baseline": args.baseline, "seeds": seeds, "environment": environment,
                "table": summarize(per_seed, args.baseline)}
+    if args.per_second_baseline:
+        summary.update(per_second_baseline=args.per_second_baseline,
+                       per_second_table=summarize(per_second, args.per_second_baseline))
     args.output.write_text(json.dumps(summary, indent=1) + "\n")
     args.output.with_suffix(".md").write_text(markdown(summary, args.baseline, command) + "\n")
     print(markdown(summary, args.baseline, command))

@@ -648,6 +648,33 @@ def test_seed_spread_passes_options_through_and_divides_by_the_baseline_of_each_
     assert "1.75 (1.50-2.00)" in (tmp_path / "s.md").read_text()
 
 
+def test_seed_spread_against_the_best_of_several_baselines_per_seed_and_per_second(monkeypatch, tmp_path):
+    """``--baseline a,b`` divides by the better of a and b in each seed (per gradient), and
+    ``--per-second-baseline`` adds the same table for min ESS per second."""
+    from benchmarks import seeds
+
+    grads = {0: {"ahmc": 0.3, "nuts1": 0.1, "nuts2": 0.2}, 1: {"ahmc": 0.3, "nuts1": 0.3, "nuts2": 0.1}}
+    per_s = {0: {"ahmc": 10.0, "nuts1": 5.0, "nuts2": 20.0}, 1: {"ahmc": 12.0, "nuts1": 3.0, "nuts2": 4.0}}
+
+    def fake_main(argv):
+        seed = int(argv[argv.index("--seed") + 1])
+        return {"environment": {"cpu_model": "cpu", "nproc": 2},
+                "runs": [{"model": "m", "sampler": s, "status": "ok",
+                          "metrics": {"ess_per_grad": {"min": grads[seed][s]}, "ess_per_second": {"min": per_s[seed][s]}}}
+                         for s in grads[seed]]}
+
+    monkeypatch.setattr(seeds.bench, "main", fake_main)
+    summary = seeds.main(["--models", "m", "--samplers", "ahmc,nuts1,nuts2", "--baseline", "nuts1,nuts2",
+                          "--per-second-baseline", "nuts1", "--seeds", "0,1", "--output", str(tmp_path / "s.json")])
+    assert summary["table"]["m"]["ahmc"]["ratio_to_baseline"] == pytest.approx([1.5, 1.0])
+    assert summary["per_second_table"]["m"]["ahmc"]["ratio_to_baseline"] == pytest.approx([2.0, 4.0])
+    text = (tmp_path / "s.md").read_text()
+    assert "the best of nuts1, nuts2 in each seed" in text and "3.00 (2.00-4.00)" in text
+    with pytest.raises(SystemExit):
+        seeds.main(["--models", "m", "--samplers", "ahmc,nuts1", "--baseline", "nuts1,nuts2", "--seeds", "0",
+                    "--output", str(tmp_path / "t.json")])
+
+
 @pytest.mark.slow  # a study script, ~14 s
 def test_engine_overhead_script_times_the_three_ways_and_writes_its_table(tmp_path):
     pytest.importorskip("blackjax")
