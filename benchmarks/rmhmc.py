@@ -305,12 +305,11 @@ def run(args) -> dict[str, Any]:
     import jax
 
     num_warmup, num_samples = MODES["quick" if args.quick else "full"]
+    hand_set = {name: hand_set_parameters(name) for name in [*FIXED, *(args.samplers or [])]}
     results: dict[str, Any] = {"settings": {
         "mode": "quick" if args.quick else "full", "num_chains": args.chains, "num_warmup": num_warmup,
         "num_samples": num_samples,
-        "fixed": {name: list(hand_set_parameters(name))
-                  for name in dict.fromkeys([*FIXED, *(getattr(args, "samplers", None) or [])])
-                  if hand_set_parameters(name) is not None},
+        "fixed": {name: list(parameters) for name, parameters in hand_set.items() if parameters is not None},
         "cost_unit": "one per log-density gradient and one per metric evaluation (NUTS: per leapfrog step)",
         "funnel_ess_of": "v and log|x_i|", "sampler_options": getattr(args, "sampler_options", {}),
     }, "runs": {}}
@@ -498,10 +497,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.samplers and any(runner(name) is None for name in args.samplers):
         unknown = sorted(name for name in args.samplers if runner(name) is None)
         parser.error(f"unknown samplers {unknown}; known: {known}")
-    if args.samplers and any(hand_set_parameters(name) for name in args.samplers):
-        first = next(i for i, name in enumerate(args.samplers) if hand_set_parameters(name))
-        if "armhmc" not in args.samplers[:first]:
-            parser.error("the hand-set samplers start where ARMHMC's warm-up ended: list armhmc before them")
+    hand_set = [i for i, name in enumerate(args.samplers or []) if hand_set_parameters(name)]
+    if hand_set and "armhmc" not in args.samplers[:hand_set[0]]:
+        parser.error("the hand-set samplers start where ARMHMC's warm-up ended: list armhmc before them")
 
     import jax
 
