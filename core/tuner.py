@@ -54,13 +54,23 @@ class TunerState(NamedTuple):
         The distinct arms observed, pooled (see :mod:`ahmc.core.gp`).
     grid_variance : float, (G, H)
         Posterior variance of the GP on the whole grid, kept up to date by
-        exact rank-one steps.
+        exact rank-one steps, except for ``pending_weight`` (below).
     best_reward, worst_reward : float, ()
         Extremes of the finite rewards seen (``-inf`` / ``+inf`` before any).
     scale : float, ()
         ``s = alpha / |best_reward|`` (1 before any finite reward).
     freeze_round : int32, ()
         From this round on the arm no longer moves (a large number = never).
+    pending_arm : int32, ()
+        Arm whose latest rewards the buffer holds but ``grid_variance`` does
+        not yet (-1: none).
+    pending_weight : float, ()
+        Their total weight.  Only an acquisition reads the variance, and
+        ``c`` rewards at one arm change it exactly as one reward of weight
+        ``c`` does, so the rounds between acquisitions pool their rewards and
+        the variance takes them in one rank-one step when the next arm is
+        chosen (or by :func:`settle`): one solve per acquisition instead of
+        one per round.
     """
 
     round: object
@@ -71,6 +81,8 @@ class TunerState(NamedTuple):
     worst_reward: object
     scale: object
     freeze_round: object
+    pending_arm: object
+    pending_weight: object
 
 
 class TunerInfo(NamedTuple):
@@ -130,6 +142,7 @@ class Tuner(NamedTuple):
     ``update(state, reward, uniform, weight=1.0, *, lazy=False) -> (TunerState, TunerInfo)``
     ``arm(state) -> (step_size, num_steps)``
     ``surrogate(state) -> Surrogate``
+    ``settle(state) -> TunerState`` (the pending weight taken into ``grid_variance``)
     """
 
     init: Callable
@@ -137,6 +150,7 @@ class Tuner(NamedTuple):
     arm: Callable
     surrogate: Callable
     space: SearchSpace
+    settle: Callable
 
 
 def adapt_probability(round_index, *, schedule: str = "inverse_sqrt", k: int = 100, decay: float = 0.01, xp=np):
@@ -263,22 +277,56 @@ def gp_ucb(
             worst_reward=xp.asarray(np.inf, dtype=dtype),
             scale=xp.asarray(1.0, dtype=dtype),
             freeze_round=xp.asarray(freeze_round, dtype=xp.int32),
+            pending_arm=xp.asarray(-1, dtype=xp.int32),
+            pending_weight=xp.asarray(0.0, dtype=dtype),
         )
+
+    def settled_variance(buffer, variance, arm, weight, xp, dtype):
+        """``variance`` after the rank-one step of weight ``weight`` at ``arm``, data the buffer already pools.
+
+        The step needs the posterior before that data, so the slot's count is reduced by ``weight``
+        (an arm first seen in this stretch drops out: rounding may leave a sliver of its count).
+        """
+        in_slot = (buffer.arm == arm) & (buffer.count > 0)
+        earlier = buffer.count - xp.where(in_slot, weight, xp.zeros_like(weight))
+        earlier = xp.where(in_slot & (earlier <= 1e-6 * buffer.count), xp.zeros_like(earlier), earlier)
+        cov, var = gp.posterior_covariance_column(buffer._replace(count=earlier), kernel, noise_variance,
+                                                  arm, xp, dtype)
+        tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
+        return xp.clip(variance - cov * cov / (var + noise_variance / xp.maximum(weight, tiny)), 0.0, 1.0)
+
+    def settle(state: TunerState) -> TunerState:
+        """The same state with the pending weight taken into ``grid_variance`` (nothing pending: unchanged)."""
+        xp = _namespace(state.grid_variance)
+        dtype = state.grid_variance.dtype
+        if xp.__name__.split(".")[0] == "numpy":
+            if not float(state.pending_weight) > 0:
+                return state
+            variance = settled_variance(gp.compact(state.buffer), state.grid_variance, state.pending_arm,
+                                        state.pending_weight, np, dtype)
+        else:
+            has_pending = state.pending_weight > 0
+            variance = xp.where(has_pending, settled_variance(state.buffer, state.grid_variance, state.pending_arm,
+                                                              state.pending_weight, xp, dtype),
+                                state.grid_variance)
+        return state._replace(grid_variance=variance, pending_arm=xp.full_like(state.pending_arm, -1),
+                              pending_weight=xp.zeros_like(state.pending_weight))
 
     def update(state: TunerState, reward, uniform, weight=1.0, *, lazy: bool = False, cond=None):
         """Score the current arm with ``reward`` and pick the next arm.
 
+        The reward is pooled into the buffer at once; the grid variance takes
+        the rewards gathered since the last acquisition in one rank-one step
+        when the next acquisition happens (``pending_weight``), which is exact.
+        A round that does not adapt therefore costs no solve.
+
         ``lazy=True`` (eager NumPy only; ignored by other array namespaces)
-        skips the work whose result would be discarded: the eviction downdate
-        when nothing is evicted, and the acquisition when the arm does not
-        move (``uniform >= p_i`` or frozen; then ``info.proposed_arm`` is -1),
-        and solves over the occupied slots instead of the whole capacity.
-        The new state is the same up to rounding, except that once frozen
-        (round ``>= freeze_after``) the grid variance is no longer maintained:
-        only the acquisition reads it and a frozen tuner never computes one
-        again (``surrogate(state).sd`` then shows the variance at the freeze).
-        An adapter in a Python loop saves most of the update's cost once
-        ``p_i`` is small, and nearly all of it for a fixed arm.
+        also skips, with Python branches, the work whose result would be
+        discarded: the eviction downdate when nothing is evicted and the
+        acquisition when the arm does not move (``uniform >= p_i`` or frozen;
+        then ``info.proposed_arm`` is -1), and solves over the occupied slots
+        instead of the whole capacity.  The new state is the same up to
+        rounding.
 
         ``cond`` (a ``jax.lax.cond``-like ``cond(pred, true_fn, false_fn,
         operand)``) gives traced code the same two skips, the eviction
@@ -306,6 +354,18 @@ def gp_ucb(
         magnitude = xp.maximum(xp.abs(best), xp.asarray(np.finfo(np.float32).tiny, dtype=dtype))
         scale = xp.where(is_best, alpha / magnitude, state.scale)
 
+        # The arm was moved from outside (an adapter's exploit step) with rewards still pending: settle them
+        # at their own arm first, so that pending rewards always belong to ``state.arm``.
+        def settle_pending(variance):
+            return settled_variance(buffer, variance, state.pending_arm, state.pending_weight, xp, dtype)
+
+        moved = (state.pending_weight > 0) & (state.pending_arm != state.arm)
+        if cond is None:
+            variance = xp.where(moved, settle_pending(state.grid_variance), state.grid_variance)
+        else:
+            variance = cond(moved, settle_pending, lambda v: v, state.grid_variance)
+        pending_weight = xp.where(moved, xp.zeros_like(state.pending_weight), state.pending_weight)
+
         # Slot for this arm: its own, else a free one, else evict.
         slots = xp.arange(capacity, dtype=xp.int32)
         is_match = buffer.arm == state.arm
@@ -322,7 +382,8 @@ def gp_ucb(
         is_evicting = ~has_match & ~has_free
         in_slot = slots == slot
 
-        # Forget the evicted arm exactly: v += c^2 / (noise / count - v(x)).
+        # Forget the evicted arm exactly: v += c^2 / (noise / count - v(x)).  Nothing is pending then:
+        # an arm new to a full buffer has no rewards yet, and moved arms were settled above.
         def forget(variance):
             cov_old, var_old = gp.posterior_covariance_column(
                 buffer, kernel, noise_variance, buffer.arm[slot], xp, dtype)
@@ -332,29 +393,21 @@ def gp_ucb(
             return variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
 
         if cond is None:
-            variance = forget(state.grid_variance)
+            variance = forget(variance)
         else:
-            variance = cond(is_evicting, forget, lambda v: v, state.grid_variance)
+            variance = cond(is_evicting, forget, lambda v: v, variance)
         kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.count), buffer.count)
         mean_kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.mean_reward), buffer.mean_reward)
-        buffer = gp.ArmBuffer(
-            arm=xp.where(is_evicting & in_slot, xp.full_like(buffer.arm, -1), buffer.arm),
-            count=kept,
-            mean_reward=mean_kept,
-            last_round=buffer.last_round,
-        )
 
-        # Learn the new reward: v -= c^2 / (v(x) + noise / weight).
-        cov_new, var_new = gp.posterior_covariance_column(buffer, kernel, noise_variance, state.arm, xp, dtype)
-        variance = variance - cov_new * cov_new / (var_new + noise_variance / weight)
-        variance = xp.clip(variance, 0.0, 1.0)
-        total = buffer.count + weight
+        # Pool the reward into its slot; the variance learns it at the next acquisition (see ``pending_weight``).
+        total = kept + weight
         buffer = gp.ArmBuffer(
             arm=xp.where(in_slot, state.arm, buffer.arm),
-            count=xp.where(in_slot, total, buffer.count),
-            mean_reward=xp.where(in_slot, buffer.mean_reward + (clean - buffer.mean_reward) * weight / total, buffer.mean_reward),
+            count=xp.where(in_slot, total, kept),
+            mean_reward=xp.where(in_slot, mean_kept + (clean - mean_kept) * weight / total, mean_kept),
             last_round=xp.where(in_slot, i, buffer.last_round),
         )
+        pending_weight = pending_weight + weight
 
         # Annealed GP-UCB step.
         p = adapt_probability(i, schedule=schedule, k=k, decay=decay, xp=xp)
@@ -363,14 +416,17 @@ def gp_ucb(
         is_adapting = (xp.asarray(uniform, dtype=dtype) < p) & (i < state.freeze_round)
 
         def propose(operand):
-            acquisition = _acquisition(*operand, xp, dtype)
-            return xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
+            variance = settled_variance(buffer, operand, state.arm, pending_weight, xp, dtype)
+            acquisition = _acquisition(buffer, variance, scale, p, beta, xp, dtype)
+            return variance, xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
 
-        operand = (buffer, variance, scale, p, beta)
         if cond is None:
-            proposed = propose(operand)
+            settled, proposed = propose(variance)
+            variance = xp.where(is_adapting, settled, variance)
         else:
-            proposed = cond(is_adapting, propose, lambda _: xp.asarray(-1, dtype=xp.int32), operand)
+            variance, proposed = cond(is_adapting, propose, lambda v: (v, xp.asarray(-1, dtype=xp.int32)), variance)
+        pending_weight = xp.where(is_adapting, xp.zeros_like(pending_weight), pending_weight)
+        pending_arm = xp.where(is_adapting, xp.asarray(-1, dtype=xp.int32), state.arm).astype(xp.int32)
         next_arm = xp.where(is_adapting, proposed, state.arm).astype(xp.int32)
 
         new_state = TunerState(
@@ -382,6 +438,8 @@ def gp_ucb(
             worst_reward=worst,
             scale=scale,
             freeze_round=state.freeze_round,
+            pending_arm=pending_arm,
+            pending_weight=pending_weight,
         )
         info = TunerInfo(
             round=i.astype(xp.int32),
@@ -403,13 +461,12 @@ def gp_ucb(
     def _update_eager(state: TunerState, reward, uniform, weight):
         """``update(..., lazy=True)`` under NumPy: the same steps with Python scalars and branches.
 
-        Skips the eviction downdate when nothing is evicted, all variance work once
-        frozen, and the acquisition when the arm stays; solves over the occupied
-        slots only.  ``tests/core`` check it against the array-only path.
+        Skips the settling and the eviction downdate when there is nothing to
+        settle or evict, and the acquisition when the arm stays; solves over the
+        occupied slots only.  ``tests/core`` check it against the array-only path.
         """
         dtype = state.grid_variance.dtype
         real = dtype.type
-        buffer = state.buffer
         i = int(state.round) + 1
         arm = int(state.arm)
         reward, weight = real(reward), real(weight)
@@ -422,6 +479,9 @@ def gp_ucb(
         worst = clean if is_finite and clean < worst_before else worst_before
         scale = real(alpha / max(abs(best), real(np.finfo(np.float32).tiny))) if is_best else real(state.scale)
 
+        if float(state.pending_weight) > 0 and int(state.pending_arm) != arm:  # moved from outside
+            state = settle(state)
+        buffer = state.buffer
         matches = np.flatnonzero(buffer.arm == arm)
         free = np.flatnonzero(buffer.arm < 0)
         is_evicting = not matches.size and not free.size
@@ -432,31 +492,28 @@ def gp_ucb(
         else:
             key = np.where(buffer.count == buffer.count.min(), buffer.last_round, never)
             slot = int(np.argmin(key))
-        frozen = i >= int(state.freeze_round)  # no acquisition will ever read the variance again
 
         variance = state.grid_variance
         arms, counts, means, last = (np.array(field) for field in buffer)  # copies: states stay immutable
-        if is_evicting:
-            if not frozen:  # forget the evicted arm exactly: v += c^2 / (noise / count - v(x))
-                cov_old, var_old = gp.posterior_covariance_column(gp.compact(buffer), kernel, noise_variance,
-                                                                  arms[slot], np, dtype)
-                old_noise = noise_variance / max(counts[slot], real(1e-30))
-                variance = variance + cov_old * cov_old / max(old_noise - var_old, np.finfo(dtype).tiny)
+        if is_evicting:  # forget the evicted arm exactly: v += c^2 / (noise / count - v(x))
+            cov_old, var_old = gp.posterior_covariance_column(gp.compact(buffer), kernel, noise_variance,
+                                                              arms[slot], np, dtype)
+            old_noise = noise_variance / max(counts[slot], real(1e-30))
+            variance = variance + cov_old * cov_old / max(old_noise - var_old, np.finfo(dtype).tiny)
             arms[slot], counts[slot], means[slot] = -1, 0.0, 0.0
-        if not frozen:  # learn the new reward: v -= c^2 / (v(x) + noise / weight)
-            cov_new, var_new = gp.posterior_covariance_column(gp.compact(gp.ArmBuffer(arms, counts, means, last)),
-                                                              kernel, noise_variance, arm, np, dtype)
-            variance = np.clip(variance - cov_new * cov_new / (var_new + noise_variance / weight), 0.0, 1.0)
         total = counts[slot] + weight
         means[slot] = means[slot] + (clean - means[slot]) * weight / total
         arms[slot], counts[slot], last[slot] = arm, total, i
         buffer = gp.ArmBuffer(arms, counts, means, last)
+        pending_weight = real(state.pending_weight) + weight
 
         p = real(adapt_probability(i, schedule=schedule, k=k, decay=decay))
         beta = real(ucb_beta(i, delta=delta))
-        is_adapting = bool(real(uniform) < p) and not frozen
+        is_adapting = bool(real(uniform) < p) and i < int(state.freeze_round)
         proposed = -1
         if is_adapting:
+            variance = settled_variance(gp.compact(buffer), variance, arm, pending_weight, np, dtype)
+            pending_weight = real(0.0)
             acquisition = _acquisition(gp.compact(buffer), variance, scale, p, beta, np, dtype)
             proposed = int(np.argmax(acquisition))
         next_arm = proposed if is_adapting else arm
@@ -465,6 +522,8 @@ def gp_ucb(
             round=np.int32(i), arm=np.asarray(next_arm, dtype=np.int32), buffer=buffer, grid_variance=variance,
             best_reward=np.asarray(best, dtype), worst_reward=np.asarray(worst, dtype),
             scale=np.asarray(scale, dtype), freeze_round=state.freeze_round,
+            pending_arm=np.asarray(-1 if is_adapting else arm, dtype=np.int32),
+            pending_weight=np.asarray(pending_weight, dtype),
         )
         info = TunerInfo(
             round=np.int32(i), reward=np.asarray(reward, dtype), clean_reward=np.asarray(clean, dtype),
@@ -488,7 +547,8 @@ def gp_ucb(
         return eps[state.arm // num_l], steps[state.arm % num_l]
 
     def surrogate(state: TunerState) -> Surrogate:
-        """GP mean and sd (reward units) and the acquisition on the grid."""
+        """GP mean and sd (reward units) and the acquisition on the grid (pending rewards settled)."""
+        state = settle(state)
         xp = _namespace(state.grid_variance)
         dtype = state.grid_variance.dtype
         mean = gp.posterior_mean(state.buffer, kernel, noise_variance, xp, dtype)
@@ -499,4 +559,4 @@ def gp_ucb(
         acquisition = state.scale * mean + p * xp.sqrt(beta) * xp.sqrt(state.grid_variance)
         return Surrogate(space.step_sizes, space.num_steps, mean, sd, acquisition)
 
-    return Tuner(init=init, update=update, arm=arm, surrogate=surrogate, space=space)
+    return Tuner(init=init, update=update, arm=arm, surrogate=surrogate, space=space, settle=settle)

@@ -55,8 +55,11 @@ def numpyro_run():
     return mcmc, tree
 
 
-def assert_matches_engine(state, engine_tuner):
-    """Replayed (NumPy float64) tuner vs the engine's (JAX, float32 by default)."""
+def assert_matches_engine(replayed, engine_tuner):
+    """Replayed (NumPy float64) tuner vs the engine's (JAX, float32 by default); ``replayed`` is what
+    ``replay`` returns.  Variances are compared settled (see ``assert_same_tuner``)."""
+    core, state = replayed
+    state, engine_tuner = core.settle(state), core.settle(jax.tree.map(np.asarray, engine_tuner))
     np.testing.assert_array_equal(state.buffer.arm, np.asarray(engine_tuner.buffer.arm))
     np.testing.assert_array_equal(state.buffer.count, np.asarray(engine_tuner.buffer.count))
     np.testing.assert_array_equal(state.buffer.last_round, np.asarray(engine_tuner.buffer.last_round))
@@ -85,7 +88,7 @@ def test_numpyro_history_equals_the_engine_record(numpyro_run):
                zip(history.arms.step_size, history.arms.num_steps, history.arms.num_rounds) if n > 0}
     assert rebuilt == visits
     # ... and the replay is the engine's tuner, grid arm by grid arm.
-    assert_matches_engine(replay(history)[1], engine)
+    assert_matches_engine(replay(history), engine)
 
 
 def test_config_from_the_datatree_attribute(numpyro_run):
@@ -116,7 +119,7 @@ def test_blackjax_bad_box_replays_exactly_and_warns():
     # 400 warm-up iterations (80 rounds): with fewer the GP's best arm can sit one row below the edge.
     (_, parameters), info = gpucb_adaptation(logdensity, **options).run(jax.random.key(1), jnp.ones((2, 2)), 400)
     history = history_from_blackjax(info, **options)
-    assert_matches_engine(replay(history)[1], info.tuner_state)
+    assert_matches_engine(replay(history), info.tuner_state)
     assert history.chosen_step_size[0] == pytest.approx(float(parameters["step_size"]), rel=1e-5)
     assert history.chosen_num_steps[0] == int(parameters["num_integration_steps"])
     text = tuning_summary(history)
@@ -144,12 +147,12 @@ def test_pymc_named_datatree_equals_the_tuners_record():
     stats, _, (expected,), config = simulate(seed=4)
     history = history_from_datatree(pymc_like_datatree(stats, attrs={"ahmc_config": config.to_json()}))
     assert history.warmup_known and history.rounds.is_warmup.sum() == 25
-    assert_same_tuner(replay(history)[1], expected)
+    assert_same_tuner(replay(history), expected)
     # the box as per-draw stats (one per chain), the other settings from the attribute
     static = config._replace(step_size=None, num_steps=None).to_json()
     tree = pymc_like_datatree(stats, attrs={"ahmc_config": static},
                               box={"step_size_bounds": config.step_size, "num_steps_bounds": config.num_steps})
-    assert_same_tuner(replay(history_from_datatree(tree))[1], expected)
+    assert_same_tuner(replay(history_from_datatree(tree)), expected)
 
 
 def test_pymc_history_equals_the_step_record():
@@ -169,7 +172,7 @@ def test_pymc_history_equals_the_step_record():
     final = getattr(step, "_tuner_state", None)  # chains ran in turn on this step: it holds the last one's
     if final is None:
         pytest.skip("the PyMC step keeps no final tuner state to compare with")
-    assert_same_tuner(replay(history, tuner=1)[1], final)
+    assert_same_tuner(replay(history, tuner=1), final)
 
 
 def test_plots_render_headless(numpyro_run):

@@ -187,7 +187,7 @@ def test_stats_and_tuning_history_from_the_datatree(gaussian_run):
     np.testing.assert_array_equal(stats["n_grad_evals"].values, stats["n_steps"].values)
     history = history_from_datatree(tree)
     assert history.num_tuners == 2 and history.warmup_known and not history.pooled
-    assert_same_tuner(replay(history, tuner=1)[1], step._tuner_state)  # the last chain's tuner, rebuilt
+    assert_same_tuner(replay(history, tuner=1), step._tuner_state)  # the last chain's tuner, rebuilt
 
 
 def funnel_values(tree):

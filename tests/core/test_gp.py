@@ -57,7 +57,7 @@ def test_pooled_duplicates_equal_separate_observations(space):
     mean, var = dense_posterior(space, list(zip(arms, rewards, np.ones(60))))
     surrogate = tuner.surrogate(state)
     np.testing.assert_allclose(surrogate.mean, mean, atol=1e-8, rtol=0)
-    np.testing.assert_allclose(state.grid_variance, var, atol=1e-8, rtol=0)
+    np.testing.assert_allclose(tuner.settle(state).grid_variance, var, atol=1e-8, rtol=0)
     np.testing.assert_allclose(surrogate.sd, np.sqrt(np.clip(var, 0, None)) / state.scale, atol=1e-8)
     assert int((state.buffer.count > 0).sum()) == len(set(arms.tolist()))
 
@@ -71,7 +71,7 @@ def test_weighted_reward_equals_noise_divided_by_weight(space):
     state, _ = drive(tuner, arms, rewards, weights)
     mean, var = dense_posterior(space, list(zip(arms, rewards, weights)))
     np.testing.assert_allclose(tuner.surrogate(state).mean, mean, atol=1e-8)
-    np.testing.assert_allclose(state.grid_variance, var, atol=1e-8)
+    np.testing.assert_allclose(tuner.settle(state).grid_variance, var, atol=1e-8)
 
 
 def test_eviction_forgets_exactly_the_evicted_arm(space):
@@ -98,7 +98,7 @@ def test_eviction_forgets_exactly_the_evicted_arm(space):
     observations = [o for obs in kept.values() for o in obs]
     mean, var = dense_posterior(space, observations)
     np.testing.assert_allclose(tuner.surrogate(state).mean, mean, atol=1e-8)
-    np.testing.assert_allclose(state.grid_variance, var, atol=1e-8)
+    np.testing.assert_allclose(tuner.settle(state).grid_variance, var, atol=1e-8)
 
 
 def test_eviction_drops_the_least_visited_then_oldest(space):

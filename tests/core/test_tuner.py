@@ -230,20 +230,24 @@ def _assert_same_state(expected, actual, skip=()):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)
 
 
-def test_lazy_update_when_frozen_skips_only_the_variance(space):
-    """Once frozen, lazy=True stops maintaining the grid variance (only an acquisition reads it, and a frozen
-    tuner computes none); rounds, rewards, buffer and arm stay those of the full update."""
+def test_frozen_tuner_pools_its_rewards_without_solves(space):
+    """Once frozen no acquisition reads the grid variance: rounds only pool their rewards (pending_weight grows
+    and the variance array passes through untouched), lazy or not; settle() then takes them in exactly as
+    one rank-one step per round would have."""
     tuner = gp_ucb(space, capacity=4, k=3, freeze_after=5)
     rng = np.random.default_rng(12)
-    full = lazy = tuner.init()
+    full = lazy = stepwise = tuner.init()
     for n in range(20):
         reward, uniform = rng.uniform(0.1, 2.0), rng.uniform()
-        variance_before = lazy.grid_variance
+        before = lazy
         full, info_f = tuner.update(full, reward, uniform)
         lazy, info_l = tuner.update(lazy, reward, uniform, lazy=True)
-        frozen = n + 1 >= 5
-        _assert_same_state(full, lazy, skip=("grid_variance",) if frozen else ())
+        stepwise = tuner.settle(tuner.update(stepwise, reward, uniform)[0])  # the variance learns every round
+        _assert_same_state(full, lazy)
         assert int(info_l.next_arm) == int(info_f.next_arm) and bool(info_l.is_adapting) == bool(info_f.is_adapting)
-        if frozen:
-            assert lazy.grid_variance is variance_before and not bool(info_l.is_adapting)
-    assert float(np.max(lazy.grid_variance - full.grid_variance)) > 0  # the full update kept learning
+        if n + 1 > 5:  # frozen since round 5: the arm stays, nothing to evict or settle
+            assert lazy.grid_variance is before.grid_variance and not bool(info_l.is_adapting)
+            assert float(lazy.pending_weight) == float(before.pending_weight) + 1.0
+    assert float(lazy.pending_weight) >= 15
+    np.testing.assert_allclose(tuner.settle(lazy).grid_variance, stepwise.grid_variance, rtol=1e-10, atol=1e-12)
+    assert float(np.max(lazy.grid_variance - stepwise.grid_variance)) > 1e-3  # settling had something to do
