@@ -251,3 +251,29 @@ def test_frozen_tuner_pools_its_rewards_without_solves(space):
     assert float(lazy.pending_weight) >= 15
     np.testing.assert_allclose(tuner.settle(lazy).grid_variance, stepwise.grid_variance, rtol=1e-10, atol=1e-12)
     assert float(np.max(lazy.grid_variance - stepwise.grid_variance)) > 1e-3  # settling had something to do
+
+
+def test_pooling_changes_no_arm(space):
+    """The rewards pooled between acquisitions give the same acquisitions as one variance step per round:
+    over 150 noisy rounds with evictions (capacity 6) and moves from outside, the same arms, to rounding."""
+    f = bump_surface(3)
+    tuner = gp_ucb(space, capacity=6, k=20)
+    rng = np.random.default_rng(5)
+    h = space.shape[1]
+    pooled = stepwise = tuner.init()
+    moves = evictions = longest_pool = 0
+    for n in range(150):
+        arm = int(pooled.arm)
+        reward = f(space.step_size_unit[arm // h], space.num_steps_unit[arm % h]) + 0.05 * rng.normal()
+        uniform = rng.uniform()
+        pooled, info = tuner.update(pooled, reward, uniform, lazy=True)
+        stepwise = tuner.settle(tuner.update(stepwise, reward, uniform)[0])
+        assert int(pooled.arm) == int(stepwise.arm), n
+        moves += bool(info.arm_changed)
+        evictions += bool(info.is_evicting)
+        longest_pool = max(longest_pool, float(pooled.pending_weight))
+        if n % 37 == 36:  # an adapter's exploit step moves the arm without an acquisition
+            forced = np.int32(rng.integers(space.num_arms))
+            pooled, stepwise = pooled._replace(arm=forced), stepwise._replace(arm=forced)
+    np.testing.assert_allclose(tuner.settle(pooled).grid_variance, stepwise.grid_variance, rtol=1e-9, atol=1e-12)
+    assert moves > 20 and evictions > 5 and longest_pool >= 3  # all paths exercised
