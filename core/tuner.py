@@ -329,9 +329,10 @@ def gp_ucb(
         rounding.
 
         ``cond`` (a ``jax.lax.cond``-like ``cond(pred, true_fn, false_fn,
-        operand)``) gives traced code the same two skips, the eviction
-        downdate and the acquisition (``info.proposed_arm`` -1 when skipped);
-        the new state is identical.  The core takes it as an argument so that
+        operand)``) gives traced code the same skips: the settling of an arm
+        moved from outside, the eviction downdate, and the acquisition with its
+        settling (``info.proposed_arm`` -1 when skipped); the new state is
+        identical.  The core takes it as an argument so that
         it never imports a framework.
         """
         xp = _namespace(state.grid_variance)
