@@ -357,14 +357,11 @@ def gp_ucb(
 
         # The arm was moved from outside (an adapter's exploit step) with rewards still pending: settle them
         # at their own arm first, so that pending rewards always belong to ``state.arm``.
-        def settle_pending(variance):
-            return settled_variance(buffer, variance, state.pending_arm, state.pending_weight, xp, dtype)
-
         moved = (state.pending_weight > 0) & (state.pending_arm != state.arm)
         if cond is None:
-            variance = xp.where(moved, settle_pending(state.grid_variance), state.grid_variance)
+            variance = xp.where(moved, settle(state).grid_variance, state.grid_variance)
         else:
-            variance = cond(moved, settle_pending, lambda v: v, state.grid_variance)
+            variance = cond(moved, lambda s: settle(s).grid_variance, lambda s: s.grid_variance, state)
         pending_weight = xp.where(moved, xp.zeros_like(state.pending_weight), state.pending_weight)
 
         # Slot for this arm: its own, else a free one, else evict.
