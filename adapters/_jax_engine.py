@@ -76,6 +76,7 @@ from blackjax.adaptation.window_adaptation import build_schedule
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, RoundStats, TunerState, check_min_steps_fraction,
                        get_objective, gp_ucb, min_num_steps, needs_center, round_init,
                        round_update, search_space, shrink_correlations)
+from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
            "sample", "lost_chains", "far_below", "climbing"]
@@ -140,7 +141,8 @@ class EngineState(NamedTuple):
 
     center : float, (D,)                 mean of the latest mass-matrix window (flattened position)
 
-    Only with ``dense_mass=True`` (``None`` otherwise):
+    Only with a dense inverse mass matrix (``dense_mass=True``, or ``"auto"`` up to d = 200; ``None``
+    otherwise):
 
     whitening : float, (D, D)            inverse Cholesky factor of ``inverse_mass_matrix``: the
                                          reward measures jumps as ``whitening @ x``
@@ -347,7 +349,13 @@ def build_engine(
         posteriors a diagonal cannot (the logistic regressions' coefficients), at
         O(d^2) memory and an O(d^3) Cholesky per iteration: for d up to a few
         hundred.  The reward's jumps are measured in the Cholesky-whitened frame
-        (the Mahalanobis distance of the jump).
+        (the Mahalanobis distance of the jump).  ``"auto"``: estimate the dense
+        matrix and keep it at a window's end only where its correlations stand out
+        from the noise of estimating them (:func:`ahmc.core.prefers_dense`),
+        otherwise use its diagonal (the diagonal adaptation's matrix, held as a
+        ``(d, d)`` matrix); above ``d = 200`` (:data:`ahmc.core.DENSE_AUTO_MAX_DIM`)
+        the diagonal adaptation runs from the start.  A given
+        ``inverse_mass_matrix`` may then be ``(d,)`` or ``(d, d)``; its shape decides.
     pooled
         One tuner for all chains: every chain runs the same arm and the
         chain-mean reward enters the GP once with weight ``num_chains`` (its
@@ -478,10 +486,11 @@ def build_engine(
         raise ValueError(f"num_steps_cap must be a positive integer; got {num_steps_cap!r}.")
     if not 0.0 < target_acceptance_rate < 1.0:
         raise ValueError(f"target_acceptance_rate must be in (0, 1); got {target_acceptance_rate!r}.")
-    if not isinstance(dense_mass, (bool, np.bool_)):
+    if not (isinstance(dense_mass, (bool, np.bool_)) or (isinstance(dense_mass, str) and dense_mass == "auto")):
         raise ValueError(
-            f"dense_mass must be True or False (one dense matrix over all parameters); got {dense_mass!r}. "
+            f"dense_mass must be True, False or 'auto' (one matrix over all parameters); got {dense_mass!r}. "
             "Blocks of sites (NumPyro's list form) are not supported.")
+    auto_dense = isinstance(dense_mass, str)
     objective_fn = get_objective(objective, divergence_penalty)
     use_center = needs_center(objective_fn)
     if use_center and not adapt_mass_matrix:
@@ -577,7 +586,15 @@ def build_engine(
 
     hmc_kernel = hmc.build_kernel(integrator, divergence_threshold) if kernel is None else kernel
     da_init_raw, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
-    mm_init_raw, mm_update, mm_final_raw = mass_matrix_adaptation(is_diagonal_matrix=not dense_mass)
+    # Both estimators: with dense_mass="auto" the state's shape (set by init) picks one.
+    mm_adaptations = {dense: mass_matrix_adaptation(is_diagonal_matrix=not dense) for dense in (False, True)}
+
+    def is_dense(matrix) -> bool:
+        """Static: a (d, d) inverse mass matrix (dense_mass=True, or "auto" up to DENSE_AUTO_MAX_DIM)."""
+        return matrix.ndim == 2
+
+    def mm_update(s, x):
+        return mm_adaptations[is_dense(s.inverse_mass_matrix)][1](s, x)
 
     # BlackJAX's init functions return Python scalars in places; give every leaf a fixed
     # dtype so that scan carries and cond branches agree.
@@ -591,13 +608,13 @@ def build_engine(
         wc = type(wc)(wc.mean, wc.m2, jnp.asarray(wc.sample_size, jnp.int32))
         return type(s)(s.inverse_mass_matrix, wc)
 
-    def mm_init(dim, dtype):
-        s = mm_fix(mm_init_raw(dim))
+    def mm_init(dim, dtype, dense):
+        s = mm_fix(mm_adaptations[dense][0](dim))
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, s)
 
     def mm_final(s):
         dtype = s.inverse_mass_matrix.dtype
-        out = mm_fix(mm_final_raw(s))
+        out = mm_fix(mm_adaptations[is_dense(s.inverse_mass_matrix)][2](s))
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, out)
     data_args = () if chain_data is None else (chain_data,)
     buffer_length = int(super_transitions) if super_transitions else int(round_length)
@@ -661,10 +678,15 @@ def build_engine(
         dim = flat0.shape[0]
         dtype = flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating) else jnp.float32
         if inverse_mass_matrix is None:
-            imm = jnp.eye(dim, dtype=dtype) if dense_mass else jnp.ones(dim, dtype)
+            dense = bool(dense_mass) and not (auto_dense and dim > DENSE_AUTO_MAX_DIM)
+            imm = jnp.eye(dim, dtype=dtype) if dense else jnp.ones(dim, dtype)
         else:
             imm = jnp.asarray(inverse_mass_matrix, dtype)
-            if dense_mass and imm.shape != (dim, dim):
+            dense = imm.ndim == 2 if auto_dense else bool(dense_mass)
+            if auto_dense and imm.shape not in ((dim,), (dim, dim)):
+                raise ValueError(f"inverse_mass_matrix must be ({dim},) or ({dim}, {dim}) with dense_mass='auto'; "
+                                 f"got shape {imm.shape}.")
+            if dense_mass and not auto_dense and imm.shape != (dim, dim):
                 raise ValueError(f"inverse_mass_matrix must be a ({dim}, {dim}) matrix with dense_mass=True; "
                                  f"got shape {imm.shape}.")
             if not dense_mass and imm.shape != (dim,):
@@ -691,8 +713,8 @@ def build_engine(
             position=positions, logdensity=logdensity, logdensity_grad=grad,
             iteration=jnp.asarray(0, jnp.int32), tuner=tuner_state, round_stats=stats,
             inverse_mass_matrix=imm, box=box, step_size_adaptation=da_init(eps0),
-            mass_matrix_adaptation=mm_init(dim, dtype), adapt_probability=jnp.asarray(1.0, dtype),
-            window=window_init(num_chains, dtype), whitening=inverse_cholesky(imm) if dense_mass else None,
+            mass_matrix_adaptation=mm_init(dim, dtype, dense), adapt_probability=jnp.asarray(1.0, dtype),
+            window=window_init(num_chains, dtype), whitening=inverse_cholesky(imm) if dense else None,
             **round_buffers(positions, tuner_state, box, rng_key),
         )
 
@@ -726,6 +748,7 @@ def build_engine(
         num_chains = state.logdensity.shape[0]
         it = state.iteration
         dtype = state.inverse_mass_matrix.dtype
+        dense = is_dense(state.inverse_mass_matrix)
         key_hmc, key_tuner = jax.random.split(rng_key)
         key_restart = jax.random.fold_in(key_tuner, 1)  # leaves the other streams as they were
         in_metric_phase = jnp.asarray(False) if sampling else it < metric_phase
@@ -824,16 +847,20 @@ def build_engine(
                 window_mean = mm_state.wc_state.mean.astype(dtype) if use_center else None
                 num_draws = mm_state.wc_state.sample_size
                 mm_state = mm_final(mm_state)
-                if dense_mass:  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
-                    mm_state = mm_state._replace(inverse_mass_matrix=shrink_correlations(
-                        mm_state.inverse_mass_matrix, num_draws, jnp))
+                if dense:  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
+                    covariance = mm_state.inverse_mass_matrix
+                    covariance = shrink_correlations(covariance, num_draws, jnp)
+                    if auto_dense:  # correlations no stronger than their noise: the diagonal does better
+                        keep = prefers_dense(mm_state.inverse_mass_matrix, num_draws, xp=jnp)
+                        covariance = jnp.where(keep, covariance, jnp.diag(jnp.diag(covariance)))
+                    mm_state = mm_state._replace(inverse_mass_matrix=covariance)
                 restart = da_init(jnp.exp(da_state.log_step_size))
                 return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart, window_mean
 
             mm_state, imm, da_state, center = jax.lax.cond(
                 window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state, state.center))
             whitening = (jax.lax.cond(window_end, inverse_cholesky, lambda _: state.whitening, imm)
-                         if dense_mass else None)
+                         if dense else None)
 
             # The GP phase starts: fix eps* and (if automatic) the search box.
             starts_gp = it == metric_phase - 1
@@ -850,7 +877,7 @@ def build_engine(
 
         # Round bookkeeping in the whitened metric.
         flat_old = jax.vmap(lambda p: ravel_pytree(p)[0])(state.position)
-        if dense_mass:  # jumps in the frame of the covariance estimate imm = C C^T: C^-1 x
+        if dense:  # jumps in the frame of the covariance estimate imm = C C^T: C^-1 x
             flat_old, flat_new = flat_old @ whitening.T, flat_new @ whitening.T
             stats_center = None if center is None else whitening @ center
             scale = None

@@ -208,8 +208,8 @@ def validate_rmhmc_options(options: dict) -> None:
         )
     if options.get("dense_mass"):
         raise ValueError(
-            "dense_mass=True does not apply to RMHMC: the metric G(x) replaces the mass matrix. Pass "
-            "metric=constant_metric(G) for a fixed dense metric, or use AdaptiveHMC(dense_mass=True)."
+            f"dense_mass={options['dense_mass']!r} does not apply to RMHMC: the metric G(x) replaces the mass "
+            "matrix. Pass metric=constant_metric(G) for a fixed dense metric, or use AdaptiveHMC(dense_mass=True)."
         )
     if options.get("inverse_mass_matrix") is not None:
         raise ValueError(

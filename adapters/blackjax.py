@@ -28,7 +28,8 @@ replicated and the pooled reward becomes a cross-device mean.
 Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`):
 ``step_size_bounds``, ``num_steps_bounds`` (user box; default automatic),
 ``adapt_mass_matrix``, ``inverse_mass_matrix``, ``dense_mass`` (a dense mass matrix: BlackJAX's
-``is_mass_matrix_diagonal=False``), ``pooled``, ``round_length``,
+``is_mass_matrix_diagonal=False``; ``"auto"``: dense only where the warm-up finds correlations beyond
+estimation noise, :func:`ahmc.core.prefers_dense`), ``pooled``, ``round_length``,
 ``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
 ``objective``, ``divergence_penalty``, ``min_steps_fraction`` (``L_t ~ U{ceil(f L)..L}``; 0 = the
 paper's ``U{1..L}``), ``shared_num_steps`` (default True: one ``L_t`` draw per iteration for all chains,

@@ -256,7 +256,7 @@ def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> 
         capacity=int(get("capacity")), lengthscale=float(get("lengthscale")),
         noise_variance=float(get("noise_variance")), alpha=float(get("alpha")), delta=float(get("delta")),
         schedule=str(get("schedule")), k=options.get("k"), decay=float(get("decay")),
-        dense_mass=bool(get("dense_mass")),
+        dense_mass="auto" if isinstance(get("dense_mass"), str) else bool(get("dense_mass")),
     )
 
 

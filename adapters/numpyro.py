@@ -97,7 +97,8 @@ class AdaptiveHMC(MCMCKernel):
         Tuning knobs, the same names and defaults as the BlackJAX routine
         (:func:`ahmc.adapters.blackjax.gpucb_adaptation`): ``step_size_bounds``,
         ``num_steps_bounds``, ``adapt_mass_matrix``, ``dense_mass`` (``True``: a dense mass matrix, as
-        NumPyro's NUTS option; one matrix over all sites), ``round_length``,
+        NumPyro's NUTS option; one matrix over all sites; ``"auto"``: dense only where the warm-up
+        finds correlations beyond estimation noise), ``round_length``,
         ``objective``, ``divergence_penalty``, ``min_steps_fraction``, ``shared_num_steps`` (default True;
         with ``chain_method="vectorized"`` all chains take the same number of leapfrog steps each iteration),
         ``schedule``, ``k``,

@@ -72,6 +72,7 @@ from threadpoolctl import ThreadpoolController  # noqa: E402
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, adapt_probability, check_min_steps_fraction, get_objective,
                        gp_ucb, min_num_steps, needs_center, round_init, round_update, search_space,
                        shrink_correlations)
+from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -173,10 +174,11 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
 
     _state_class = _WarmupFullAdaptState
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, auto=False, **kwargs):
         with warnings.catch_warnings():  # PyMC flags the class as experimental; ahmc tests it (test_pymc.py)
             warnings.filterwarnings("ignore", message="QuadPotentialFullAdapt is an experimental feature")
             super().__init__(*args, **kwargs)
+        self.auto = bool(auto)  # dense_mass="auto": keep a window's correlations only where they stand out
         self.set_warmup(0)
 
     def set_warmup(self, num_iterations):
@@ -197,8 +199,10 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
         if self._n_samples in self.window_ends:
             window = self._background_cov
             n = window.n_samples
-            cov = window.current_covariance()
-            cov = shrink_correlations(cov, n)  # a short window's missed directions must not freeze
+            raw = window.current_covariance()
+            cov = shrink_correlations(raw, n)  # a short window's missed directions must not freeze
+            if self.auto and not prefers_dense(raw, n):  # correlations within noise: the diagonal does better
+                cov = np.diag(np.diag(cov))
             self._cov = (n / (n + 5.0)) * cov + 1e-3 * (5.0 / (n + 5.0)) * np.eye(self._n)
             try:
                 self._chol = scipy.linalg.cholesky(self._cov, lower=True)
@@ -261,16 +265,18 @@ class AdaptiveHMC(BaseHMC):
         Rounds after which the arm never moves (``"tune"``/``"warmup"``: at the end of tune).
     adapt_mass_matrix : bool
         Adapt a diagonal mass matrix during warm-up (ignored with ``potential``/``scaling``).
-    dense_mass : bool
+    dense_mass : bool or "auto"
         Adapt a dense mass matrix instead (a ``QuadPotentialFullAdapt`` estimated in Stan's windows
         per chain, correlations shrunk for short windows); the reward's jumps are then whitened by
         its Cholesky factor.  For correlated posteriors of up to a few hundred dimensions (README,
-        "Dense mass matrix").
+        "Dense mass matrix").  ``"auto"``: estimate the dense matrix, but keep only its diagonal
+        after a window whose correlations do not stand out from the noise of estimating them
+        (:func:`ahmc.core.prefers_dense`); above ``d = 200`` the diagonal adaptation runs instead.
     initial_step_size : float, optional
         First step size (default: PyMC's ``0.25 / n**0.25``).
     metric_fraction : float, optional
-        Share of tune before the GP rounds (default 0.5; 0.9 with ``dense_mass=True``, whose
-        per-chain estimate needs the draws; 0 when both boxes are given and the mass matrix is
+        Share of tune before the GP rounds (default 0.5; 0.9 with ``dense_mass=True`` or ``"auto"``,
+        whose per-chain estimate needs the draws; 0 when both boxes are given and the mass matrix is
         fixed: the paper's algorithm).
     step_size_factors, max_integration_time, warmup_integration_time, num_steps_cap, num_step_sizes
         Automatic box and metric-phase ``L`` (defaults as in the JAX engine).
@@ -342,18 +348,20 @@ class AdaptiveHMC(BaseHMC):
         self._max_time, self._warmup_time = float(max_integration_time), float(warmup_integration_time)
         self._num_steps_cap = int(num_steps_cap)
         self._min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
-        if not isinstance(dense_mass, (bool, np.bool_)):
-            raise ValueError(f"dense_mass must be True or False; got {dense_mass!r}.")
+        if not (isinstance(dense_mass, (bool, np.bool_)) or (isinstance(dense_mass, str) and dense_mass == "auto")):
+            raise ValueError(f"dense_mass must be True, False or 'auto'; got {dense_mass!r}.")
         if dense_mass and (not adapt_mass_matrix or {"potential", "scaling"} & set(kwargs)):
-            raise ValueError("dense_mass=True adapts a dense mass matrix: it needs adapt_mass_matrix=True and no "
-                             "potential or scaling (for a fixed dense matrix pass potential=QuadPotentialFull(cov)).")
+            raise ValueError(f"dense_mass={dense_mass!r} adapts a dense mass matrix: it needs adapt_mass_matrix=True "
+                             f"and no potential or scaling (for a fixed dense matrix pass "
+                             f"potential=QuadPotentialFull(cov)).")
 
         super().__init__(vars, model=model, **kwargs)
         if "potential" not in kwargs and "scaling" not in kwargs:  # replace BaseHMC's default metric
             size = self.potential._n
             rng = self.rng.spawn(1)[0]
-            if dense_mass:  # PyMC's init="adapt_full" settings
-                self.potential = _WarmupFullAdapt(size, np.zeros(size), np.eye(size), 10, rng=rng)
+            auto = isinstance(dense_mass, str)
+            if dense_mass and not (auto and size > DENSE_AUTO_MAX_DIM):  # PyMC's init="adapt_full" settings
+                self.potential = _WarmupFullAdapt(size, np.zeros(size), np.eye(size), 10, rng=rng, auto=auto)
             elif adapt_mass_matrix:
                 self.potential = _WarmupDiagAdapt(size, np.zeros(size), np.ones(size), 10, rng=rng)
             else:

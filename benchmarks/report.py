@@ -35,7 +35,8 @@ import numpy as np
 __all__ = ["write_report", "targets", "summary_table", "chain_numbers"]
 
 AHMC = ("ahmc_blackjax", "ahmc_numpyro", "ahmc_pymc", "ahmc_pymc_jax",
-        "ahmc_blackjax_dense", "ahmc_numpyro_dense", "ahmc_pymc_dense")
+        "ahmc_blackjax_dense", "ahmc_numpyro_dense", "ahmc_pymc_dense",
+        "ahmc_blackjax_auto", "ahmc_numpyro_auto", "ahmc_pymc_auto")
 # The NUTS baselines (diagonal, then dense variants; benchmarks.samplers.DENSE_SAMPLERS): the best is the ratio's base.
 NUTS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie",
         "blackjax_nuts_dense", "numpyro_nuts_dense", "pymc_nuts_dense", "nutpie_low_rank")

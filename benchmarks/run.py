@@ -80,7 +80,7 @@ DEFAULT_SAMPLERS = [name for name in SAMPLERS if name not in DENSE_SAMPLERS and 
 QUICK_SAMPLERS = [name for name in DEFAULT_SAMPLERS if name not in RMHMC_SAMPLERS]
 NUTS_SAMPLERS = NUTS  # the baselines of the ratio column
 PYMC_SAMPLERS = ("ahmc_pymc", "ahmc_pymc_jax", "pymc_nuts", "nutpie",  # need the model's PyMC version
-                 "ahmc_pymc_dense", "pymc_nuts_dense", "nutpie_low_rank")
+                 "ahmc_pymc_dense", "pymc_nuts_dense", "nutpie_low_rank", "ahmc_pymc_auto")
 # Above this dimension the per-coordinate ESS and R-hat arrays stay out of the JSON (lgcp_64 has
 # 16384 coordinates: about 0.7 MB per run); the min / median / max summaries are kept.
 PER_COORDINATE_MAX_DIM = 4096

@@ -813,8 +813,15 @@ DENSE_SAMPLERS: dict[str, Runner] = {
     "nutpie_low_rank": _with_defaults(run_nutpie, "nutpie's low-rank mass-matrix adaptation", adaptation="low_rank"),
 }
 
-# Run by name only (not in the default set): the PyMC model on the compiled JAX engine.
-BY_NAME_SAMPLERS: dict[str, Runner] = {"ahmc_pymc_jax": run_ahmc_pymc_jax}
+# Run by name only (not in the default set): the PyMC model on the compiled JAX engine, and ahmc's
+# adapters with dense_mass="auto" (dense where the warm-up's correlations stand out from their noise;
+# diagonal above d = 200, so these run on every model).
+BY_NAME_SAMPLERS: dict[str, Runner] = {
+    "ahmc_pymc_jax": run_ahmc_pymc_jax,
+    "ahmc_blackjax_auto": _with_defaults(run_ahmc_blackjax, "dense_mass='auto'", dense_mass="auto"),
+    "ahmc_numpyro_auto": _with_defaults(run_ahmc_numpyro, "dense_mass='auto'", dense_mass="auto"),
+    "ahmc_pymc_auto": _with_defaults(run_ahmc_pymc, "dense_mass='auto'", dense_mass="auto"),
+}
 
 # name -> runner; every runner has the signature described in the module docstring.
 SAMPLERS: dict[str, Runner] = {

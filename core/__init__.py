@@ -25,12 +25,20 @@ from .objectives import (
     round_update,
     with_divergence_penalty,
 )
-from .mass_matrix import shrink_correlations
+from .mass_matrix import (
+    DENSE_AUTO_MAX_DIM,
+    DENSE_AUTO_THRESHOLD,
+    correlation_excess,
+    prefers_dense,
+    shrink_correlations,
+)
 from .space import SearchSpace, check_min_steps_fraction, min_num_steps, search_space
 from .tuner import Surrogate, Tuner, TunerInfo, TunerState, adapt_probability, gp_ucb, ucb_beta
 
 __all__ = [
     "ArmBuffer",
+    "DENSE_AUTO_MAX_DIM",
+    "DENSE_AUTO_THRESHOLD",
     "DEFAULT_DIVERGENCE_PENALTY",
     "OBJECTIVES",
     "RoundStats",
@@ -47,9 +55,11 @@ __all__ = [
     "gp_ucb",
     "needs_center",
     "normalized_esjd",
+    "prefers_dense",
     "round_init",
     "round_update",
     "check_min_steps_fraction",
+    "correlation_excess",
     "min_num_steps",
     "search_space",
     "shrink_correlations",

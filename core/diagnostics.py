@@ -103,7 +103,7 @@ class TuningConfig(NamedTuple):
     k: int | None = None
     decay: float = _CORE_DEFAULTS["decay"]
     pooled: bool | None = None
-    dense_mass: bool | None = None  # None: not recorded (e.g. PyMC runs)
+    dense_mass: bool | str | None = None  # True, False or "auto"; None: not recorded (e.g. PyMC runs)
 
     def to_json(self) -> str:
         """JSON text for the DataTree attribute ``ahmc_config``."""

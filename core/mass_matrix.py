@@ -1,4 +1,5 @@
-"""Regularising a dense mass-matrix estimate from a short window of draws.
+"""Regularising a dense mass-matrix estimate from a short window of draws, and deciding
+whether a dense one is worth it.
 
 A window of ``n`` draws cannot estimate a ``d x d`` covariance when ``n`` is not
 well above ``d``: with ``n < d`` the sample covariance is singular, and Stan's
@@ -9,13 +10,35 @@ one chain). Shrinking the correlations towards zero keeps every direction at
 its own marginal variance. With weight ``(d / (n + d))^2`` the shrinkage is
 about 0.5 for a 25-draw window in 31 dimensions and under 0.02 for 200 draws
 in 30, so a long window keeps strong correlations (0.99 in the tests).
+
+A dense estimate only pays when the posterior's correlations are stronger than
+the noise of estimating them: where a diagonal already whitens the posterior,
+``d (d - 1) / 2`` noisy correlations make the preconditioned posterior worse
+conditioned than the diagonal leaves it (measured: 0.71x-0.85x the diagonal's
+ESS per gradient on the 10-d Gaussians, eight schools, sblrc, GARCH).
+:func:`correlation_excess` measures the window's correlation matrix against that
+noise: the condition number of the sample correlation matrix of ``n`` independent
+draws in ``d`` dimensions is about ``((1 + sqrt(d/n)) / (1 - sqrt(d/n)))^2``
+(the Marchenko-Pastur edges).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["shrink_correlations"]
+__all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "correlation_excess", "prefers_dense",
+           "shrink_correlations"]
+
+#: ``dense_mass="auto"`` keeps the dense estimate when :func:`correlation_excess` is at least this.
+#: On 15 benchmark models (d = 2-31, 800 pooled draws) the excess was 1.0-1.4 on the five where
+#: the dense matrix lost to the diagonal and 2.5-1600 on the ten where it won.
+DENSE_AUTO_THRESHOLD = 2.0
+
+#: ``dense_mass="auto"`` above this dimension is diagonal from the start: a dense matrix costs
+#: O(d^2) per leapfrog step and memory, and a warm-up window rarely holds enough draws to estimate it.
+DENSE_AUTO_MAX_DIM = 200
 
 
 def shrink_correlations(covariance, num_draws, xp=np):
@@ -26,3 +49,34 @@ def shrink_correlations(covariance, num_draws, xp=np):
     dim = covariance.shape[-1]
     weight = (dim / (xp.asarray(num_draws, dtype=covariance.dtype) + dim)) ** 2
     return (1 - weight) * covariance + weight * xp.diag(xp.diag(covariance))
+
+
+def correlation_excess(covariance, num_draws, xp=np):
+    """Condition number of the correlation matrix of ``covariance`` over its noise level.
+
+    The noise level is the condition number that ``num_draws`` independent draws of
+    uncorrelated coordinates would give (``((1 + q) / (1 - q))^2``, ``q = sqrt(d / n)``), so
+    about 1 means "no correlation the window can tell from noise".  Returns 0 when
+    ``num_draws <= d`` (no dense estimate is possible) or when a variance is not positive.
+    ``num_draws`` may be a traced scalar (``xp = jax.numpy``).
+    """
+    dim = covariance.shape[-1]
+    if dim < 2:
+        return xp.asarray(0.0, dtype=covariance.dtype)
+    variances = xp.diag(covariance)
+    scale = xp.sqrt(xp.where(variances > 0, variances, 1.0))
+    correlation = covariance / (scale[:, None] * scale[None, :])
+    eigenvalues = xp.linalg.eigvalsh(correlation)
+    n = xp.asarray(num_draws, dtype=covariance.dtype)
+    q = xp.sqrt(dim / xp.maximum(n, 1.0))
+    noise = ((1 + q) / xp.maximum(1 - q, 1e-12)) ** 2
+    kappa = eigenvalues[-1] / xp.maximum(eigenvalues[0], xp.finfo(covariance.dtype).tiny)
+    valid = (n > dim) & xp.all(variances > 0) & xp.all(xp.isfinite(covariance))
+    return xp.where(valid, kappa / noise, 0.0)
+
+
+def prefers_dense(covariance, num_draws, threshold=DENSE_AUTO_THRESHOLD, xp=np):
+    """``dense_mass="auto"``'s choice: keep the dense estimate when its correlations stand out."""
+    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
+        raise ValueError(f"threshold must be a finite number > 0; got {threshold!r}.")
+    return correlation_excess(covariance, num_draws, xp) >= threshold

@@ -122,7 +122,7 @@ def test_dense_mass_checks_the_inverse_mass_matrix_shape():
     with pytest.raises(ValueError, match="needs dense_mass=True"):
         run_chains(jax.random.key(0), standard_normal, initial_positions(1, 3), 10, 10,
                    inverse_mass_matrix=jnp.eye(3))
-    with pytest.raises(ValueError, match="dense_mass must be True or False"):
+    with pytest.raises(ValueError, match="dense_mass must be True, False or 'auto'"):
         adaptive_hmc(standard_normal, dense_mass=[("x",)])
     # A given dense matrix is used as is (no adaptation) and reaches the sampling kernel.
     (state, parameters), _ = gpucb_adaptation(standard_normal, dense_mass=True, adapt_mass_matrix=False,
@@ -132,6 +132,53 @@ def test_dense_mass_checks_the_inverse_mass_matrix_shape():
     kernel = uniform_steps_hmc(standard_normal, **parameters)
     new, _ = jax.vmap(kernel.step)(jax.random.split(jax.random.key(4), NUM_CHAINS), state)
     assert np.all(np.isfinite(np.asarray(new.position)))
+
+
+def test_dense_mass_auto_keeps_the_dense_matrix_only_for_correlated_posteriors():
+    """dense_mass="auto": a posterior with correlations 0.9^|i-j| keeps the dense estimate; independent
+    coordinates of very different scales get its diagonal (held as a (d, d) matrix). Draws agree with the
+    truth either way."""
+    from ahmc.adapters import _jax_engine
+
+    dim = 5
+    scales = np.logspace(-1, 1, dim)
+    correlation = 0.9 ** np.abs(np.subtract.outer(np.arange(dim), np.arange(dim)))
+    for name, covariance, seed in (("correlated", correlation * np.outer(scales, scales), 64),
+                                   ("independent", np.diag(scales**2), 66)):
+        precision = jnp.asarray(np.linalg.inv(covariance))
+        samples, _, state = _jax_engine.sample(jax.random.key(seed), lambda x, p=precision: -0.5 * x @ p @ x,
+                                               initial_positions(seed + 1, dim), 1000, 2000, dense_mass="auto")
+        assert_moments_match(np.asarray(samples), np.zeros(dim), scales)
+        learned = np.asarray(state.inverse_mass_matrix)
+        assert learned.shape == (dim, dim), name
+        off_diagonal = np.abs(learned[~np.eye(dim, dtype=bool)]).max() / np.diag(learned).max()
+        if name == "correlated":
+            assert off_diagonal > 0.1  # the estimate's correlations are kept
+            np.testing.assert_allclose(learned, covariance, rtol=0.5, atol=0.15 * scales.max() ** 2)
+        else:
+            assert off_diagonal == 0.0
+            np.testing.assert_allclose(np.diag(learned), scales**2, rtol=0.3)
+
+
+def test_dense_mass_auto_shapes():
+    """Above DENSE_AUTO_MAX_DIM "auto" is diagonal from the start; a given matrix's shape decides."""
+    from ahmc.adapters import _jax_engine
+    from ahmc.core import DENSE_AUTO_MAX_DIM
+
+    engine = _jax_engine.build_engine(standard_normal, num_warmup=100, dense_mass="auto")
+    big = engine.init(initial_positions(1, DENSE_AUTO_MAX_DIM + 1))
+    assert big.inverse_mass_matrix.shape == (DENSE_AUTO_MAX_DIM + 1,) and big.whitening is None
+    small = engine.init(initial_positions(1, 3))
+    assert small.inverse_mass_matrix.shape == (3, 3) and small.whitening.shape == (3, 3)
+    for matrix in (jnp.ones(3), jnp.eye(3)):
+        given = _jax_engine.build_engine(standard_normal, num_warmup=100, dense_mass="auto",
+                                         inverse_mass_matrix=matrix).init(initial_positions(1, 3))
+        assert given.inverse_mass_matrix.shape == matrix.shape
+    with pytest.raises(ValueError, match=r"\(3,\) or \(3, 3\) with dense_mass='auto'"):
+        _jax_engine.build_engine(standard_normal, num_warmup=100, dense_mass="auto",
+                                 inverse_mass_matrix=jnp.ones(4)).init(initial_positions(1, 3))
+    with pytest.raises(ValueError, match="dense_mass must be True, False or 'auto'"):
+        adaptive_hmc(standard_normal, dense_mass="yes")
 
 
 def test_ill_scaled_diagonal_gaussian():

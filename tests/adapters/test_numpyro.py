@@ -149,20 +149,21 @@ def test_esjd_moments_objective_reaches_the_engine():
     assert abs(float(jnp.mean(mcmc.get_samples()["mu"])) - float(np.mean(DATA))) < 0.2  # posterior sd 0.32
 
 
-def test_dense_mass_samples_a_correlated_gaussian(x64):
+@pytest.mark.parametrize("dense_mass", [True, "auto"])
+def test_dense_mass_samples_a_correlated_gaussian(x64, dense_mass):
     """dense_mass=True (NumPyro's name): the learned dense matrix whitens correlation 0.99, so the step size
-    is whitened-scale (a diagonal one needs ~0.1); the draws agree with the truth."""
+    is whitened-scale (a diagonal one needs ~0.1); the draws agree with the truth. "auto" keeps it too."""
     correlation = 0.99 ** np.abs(np.subtract.outer(np.arange(3), np.arange(3)))
     scales, mean = np.array([0.1, 1.0, 10.0]), np.array([1.0, -2.0, 5.0])
 
     def model():
         numpyro.sample("x", dist.MultivariateNormal(mean, correlation * np.outer(scales, scales)))
 
-    mcmc = run(AdaptiveHMC(model, dense_mass=True), seed=3, warmup=1000, samples=1000)
+    mcmc = run(AdaptiveHMC(model, dense_mass=dense_mass), seed=3, warmup=1000, samples=1000)
     assert_moments_match(np.asarray(mcmc.get_samples(group_by_chain=True)["x"]), mean, scales)
     assert np.asarray(mcmc.last_state.engine.inverse_mass_matrix).shape == (3, 3)
     assert np.median(np.asarray(mcmc.get_extra_fields()["step_size"])) > 0.4
-    with pytest.raises(ValueError, match="dense_mass must be True or False"):
+    with pytest.raises(ValueError, match="dense_mass must be True, False or 'auto'"):
         AdaptiveHMC(model, dense_mass=[("x",)])
 
 

@@ -110,6 +110,43 @@ def test_dense_mass_whitens_a_correlated_gaussian():
     assert np.all(rewards[~np.isnan(rewards)] > 0) and np.median(moments.sample_stats["step_size"].values) > 0.4
 
 
+@pytest.mark.parametrize("correlated", [True, False])
+def test_dense_mass_auto_keeps_correlations_only_where_they_stand_out(correlated):
+    """dense_mass="auto": Stan's windows over one chain's 900 draws keep the dense estimate for
+    correlations 0.9^|i-j| and only its diagonal for independent coordinates (the same variances)."""
+    from ahmc.adapters.pymc import _WarmupFullAdapt
+
+    dim, rng = 6, np.random.default_rng(20 + correlated)
+    scales = np.logspace(-1, 1, dim)
+    correlation = 0.9 ** np.abs(np.subtract.outer(np.arange(dim), np.arange(dim))) if correlated else np.eye(dim)
+    covariance = correlation * np.outer(scales, scales)
+    potential = _WarmupFullAdapt(dim, np.zeros(dim), np.eye(dim), 10, rng=rng, auto=True)
+    potential.set_warmup(900)
+    potential.reset()
+    for draw in rng.multivariate_normal(np.zeros(dim), covariance, size=900):
+        potential.update(draw, None, True)
+    learned = potential._cov
+    off_diagonal = np.abs(learned[~np.eye(dim, dtype=bool)]).max() / np.diag(learned).max()
+    np.testing.assert_allclose(np.diag(learned), scales**2, rtol=0.3)
+    if correlated:
+        assert off_diagonal > 0.1
+        np.testing.assert_allclose(learned, covariance, rtol=0.5, atol=0.15 * scales.max() ** 2)
+    else:
+        assert off_diagonal == 0.0
+
+
+def test_dense_mass_auto_samples_a_correlated_gaussian():
+    """Through pm.sample (2 processes): "auto" keeps the dense matrix for correlations up to 0.99, so the
+    tuner works at a whitened-scale step size; draws agree with the truth."""
+    correlation = 0.99 ** np.abs(np.subtract.outer(np.arange(4), np.arange(4)))
+    scales = np.logspace(-1, 1, 4)
+    with pm.Model() as model:
+        pm.MvNormal("x", np.zeros(4), cov=correlation * np.outer(scales, scales))
+    idata = sample(model, random_seed=21, step_kwargs=dict(dense_mass="auto"), **CORRECTNESS)
+    assert_moments_match(idata.posterior["x"].values, np.zeros(4), scales)
+    assert np.median(idata.sample_stats["step_size"].values) > 0.4
+
+
 def test_dense_mass_spends_most_of_tune_on_the_metric():
     """One chain's dense estimate needs the draws: with dense_mass=True the GP rounds start after 90% of
     tune (DENSE_METRIC_FRACTION), with the diagonal after half; an explicit metric_fraction wins."""
@@ -322,7 +359,7 @@ def test_discrete_variable_is_refused_with_a_hint():
     (dict(min_steps_fraction=1.5), r"min_steps_fraction must be a number in \[0, 1\]"),
     (dict(objective="esjd_moments", adapt_mass_matrix=False), "esjd_moments.*adapted mass matrix"),
     (dict(dense_mass=True, adapt_mass_matrix=False), "dense_mass=True .* needs adapt_mass_matrix=True"),
-    (dict(dense_mass="yes"), "dense_mass must be True or False"),
+    (dict(dense_mass="yes"), "dense_mass must be True, False or 'auto'"),
 ])
 def test_bad_options_raise_before_sampling(kwargs, match):
     with gaussian_model(), pytest.raises(ValueError, match=match):

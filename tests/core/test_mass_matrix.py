@@ -1,9 +1,10 @@
-"""shrink_correlations: keeps the variances, shrinks the correlations by (d / (n + d))^2."""
+"""shrink_correlations keeps the variances and shrinks the correlations by (d / (n + d))^2;
+correlation_excess / prefers_dense decide dense_mass="auto"."""
 
 import numpy as np
 import pytest
 
-from ahmc.core import shrink_correlations
+from ahmc.core import correlation_excess, prefers_dense, shrink_correlations
 
 
 def test_variances_kept_and_correlations_shrunk_by_the_documented_weight():
@@ -25,3 +26,53 @@ def test_jax_matches_numpy():
     covariance = np.array([[1.0, 0.99], [0.99, 1.0]])
     np.testing.assert_allclose(np.asarray(shrink_correlations(jnp.asarray(covariance), jnp.asarray(400), jnp)),
                                shrink_correlations(covariance, 400), rtol=1e-6)
+
+
+# ---- correlation_excess / prefers_dense: dense_mass="auto"'s choice -------------------------------
+
+def test_independent_coordinates_stay_near_the_noise_level_whatever_their_scales():
+    # Sample correlations of independent draws: condition number ~ the Marchenko-Pastur level, so the
+    # excess is ~1 (0.64-1.09 over 300 seeds each of these shapes); "auto" must keep the diagonal.
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        for dim, n in ((3, 200), (10, 800), (31, 800), (100, 400)):
+            draws = rng.normal(size=(n, dim)) * np.geomspace(0.01, 100.0, dim)
+            covariance = np.cov(draws, rowvar=False)
+            assert correlation_excess(covariance, n) < 1.5
+            assert not prefers_dense(covariance, n)
+
+
+def test_correlated_coordinates_stand_out_and_the_excess_is_scale_free():
+    dim = 8
+    ar1 = 0.5 ** np.abs(np.subtract.outer(np.arange(dim), np.arange(dim)))  # condition number ~ 8.4
+    draws = np.random.default_rng(1).multivariate_normal(np.zeros(dim), ar1, size=800)
+    covariance = np.cov(draws, rowvar=False)
+    assert 4.0 < correlation_excess(covariance, 800) < 7.0
+    assert prefers_dense(covariance, 800)
+    scales = np.geomspace(1e-3, 1e3, dim)
+    np.testing.assert_allclose(correlation_excess(covariance * np.outer(scales, scales), 800),
+                               correlation_excess(covariance, 800), rtol=1e-8)
+    # Weak correlation is not worth a dense matrix; the same matrix with more draws is.
+    weak = 0.2 ** np.abs(np.subtract.outer(np.arange(dim), np.arange(dim)))
+    assert not prefers_dense(weak, 100)
+    assert correlation_excess(weak, 100) < correlation_excess(weak, 10_000)
+
+
+def test_no_estimate_possible_gives_zero():
+    covariance = np.array([[1.0, 0.9], [0.9, 1.0]])
+    assert correlation_excess(covariance, 2) == 0.0  # n <= d
+    assert correlation_excess(np.array([[0.0, 0.0], [0.0, 1.0]]), 100) == 0.0  # a zero variance
+    assert correlation_excess(np.array([[np.nan, 0.0], [0.0, 1.0]]), 100) == 0.0
+    assert correlation_excess(np.array([[2.0]]), 100) == 0.0  # one dimension: nothing to correlate
+    with pytest.raises(ValueError, match="threshold"):
+        prefers_dense(covariance, 100, threshold=-1.0)
+
+
+def test_correlation_excess_under_jit_matches_numpy():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    covariance = np.array([[1.0, 0.6, 0.1], [0.6, 2.0, 0.3], [0.1, 0.3, 0.5]])
+    fn = jax.jit(lambda c, n: correlation_excess(c, n, jnp))
+    for n in (2, 50, 800):
+        np.testing.assert_allclose(float(fn(jnp.asarray(covariance), jnp.asarray(n))),
+                                   correlation_excess(covariance, n), rtol=1e-5)
