@@ -107,6 +107,8 @@ STATS = (
     ("step_size_max", np.float64, [], "search box for eps: upper end (NaN in warm-up)"),
     ("max_steps_min", np.int64, [], "search box for L: lower end (0 in warm-up)"),
     ("max_steps_max", np.int64, [], "search box for L: upper end (0 in warm-up)"),
+    ("dense_mass_matrix", bool, [], "the adapted mass matrix in force is dense (dense_mass=True after its first "
+                                    "window, or 'auto' where the window kept the correlations)"),
     ("largest_eigval", np.float64, [], "PyMC potential stat"),
     ("smallest_eigval", np.float64, [], "PyMC potential stat"),
     ("process_time_diff", np.float64, [], "CPU time of the iteration"),
@@ -137,6 +139,7 @@ class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
 @dataclass_state
 class _WarmupFullAdaptState(QuadPotentialFullAdaptState):
     is_adapting: bool
+    kept_correlations: bool
 
 
 def stan_windows(num_iterations: int) -> tuple[int, tuple[int, ...]]:
@@ -188,6 +191,7 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
     def reset(self):
         super().reset()
         self.is_adapting = True
+        self.kept_correlations = False  # the identity until the first window closes
 
     def update(self, sample, grad, tune):
         if not (tune and self.is_adapting):
@@ -201,7 +205,8 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
             n = window.n_samples
             raw = window.current_covariance()
             cov = shrink_correlations(raw, n)  # a short window's missed directions must not freeze
-            if self.auto and not prefers_dense(raw, n):  # correlations within noise: the diagonal does better
+            self.kept_correlations = not self.auto or bool(prefers_dense(raw, n))
+            if not self.kept_correlations:  # correlations within noise: the diagonal does better
                 cov = np.diag(np.diag(cov))
             self._cov = (n / (n + 5.0)) * cov + 1e-3 * (5.0 / (n + 5.0)) * np.eye(self._n)
             try:
@@ -451,6 +456,7 @@ class AdaptiveHMC(BaseHMC):
         self._arm = self._round_settings()[:2] if in_rounds else None
         q, (stats,) = super().astep(q0)
         stats.update(self._used)  # the step size actually used (step_adapt's stats overwrote it)
+        stats["dense_mass_matrix"] = getattr(self.potential, "kept_correlations", False)
         stats.update(self._record_round(q0.data, q.data, stats) if in_rounds else _WARMUP_STATS)
         self._chain_iteration += 1
         return q, [stats]

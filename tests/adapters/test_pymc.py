@@ -125,6 +125,7 @@ def test_dense_mass_auto_keeps_correlations_only_where_they_stand_out(correlated
     potential.reset()
     for draw in rng.multivariate_normal(np.zeros(dim), covariance, size=900):
         potential.update(draw, None, True)
+    assert potential.kept_correlations == correlated  # the sample stat dense_mass_matrix
     learned = potential._cov
     off_diagonal = np.abs(learned[~np.eye(dim, dtype=bool)]).max() / np.diag(learned).max()
     np.testing.assert_allclose(np.diag(learned), scales**2, rtol=0.3)
@@ -145,6 +146,7 @@ def test_dense_mass_auto_samples_a_correlated_gaussian():
     idata = sample(model, random_seed=21, step_kwargs=dict(dense_mass="auto"), **CORRECTNESS)
     assert_moments_match(idata.posterior["x"].values, np.zeros(4), scales)
     assert np.median(idata.sample_stats["step_size"].values) > 0.4
+    assert idata.sample_stats["dense_mass_matrix"].values.all()  # every chain kept the correlations
 
 
 def test_dense_mass_spends_most_of_tune_on_the_metric():
