@@ -94,6 +94,9 @@ def test_lost_chains_rule():
     np.testing.assert_array_equal(np.asarray(climbing(climbing_window)), [False, True, False, False])
     np.testing.assert_array_equal(np.asarray(lost_chains(climbing_window)), [False, False, True, False])
     np.testing.assert_array_equal(np.asarray(far_below(climbing_window)), [False, True, True, False])
+    # Climbing ~4 nats per iteration, ~215 below the median: in time if 100 iterations remain, too late if 20.
+    np.testing.assert_array_equal(np.asarray(lost_chains(climbing_window, remaining=100)), [False, False, True, False])
+    np.testing.assert_array_equal(np.asarray(lost_chains(climbing_window, remaining=20)), [False, True, True, False])
     # Far below on average but arrived by the end of the window (current log density): not lost.
     trapped = window([-2105, -2530, -2525, -2104], [2, 1, 1, 2], [0.8] * 4)
     now = jnp.asarray([-2105.0, -2106.0, -2525.0, -2104.0])
