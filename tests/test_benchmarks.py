@@ -905,3 +905,33 @@ def test_rmhmc_hand_set_arms_by_name_parse_and_must_follow_armhmc():
         rmhmc.main(["--models", "ripley", "--samplers", "rmhmc_gc_0.7x4,armhmc"])
     with pytest.raises(SystemExit):
         rmhmc.main(["--models", "ripley", "--samplers", "armhmc,rmhmc_gc_0.7"])
+
+
+def test_compare_runs_lists_pairs_in_both_sets_and_counts_the_changed_ones(tmp_path):
+    from benchmarks.compare_runs import main
+
+    def run(model, ess, restarts):
+        return {"model": model, "sampler": "ahmc_blackjax", "status": "ok", "extra": {"restarts": restarts},
+                "metrics": {"ess_per_grad": {"min": ess}, "rhat_max": 1.004}}
+
+    def write(name, seed, runs):
+        path = tmp_path / name
+        path.write_text(json.dumps({"environment": {"seed": seed}, "runs": runs}))
+        return str(path)
+
+    before = write("before.json", 0, [run("pima", 0.2, [0, 0]), run("earnings", 0.018, [0, 0]), run("kidiq", 0.03, [0])])
+    after = write("after.json", 0, [run("pima", 0.2, [0, 0]), run("earnings", 0.02, [1, 0])])
+    output = tmp_path / "table.md"
+    counts = main(["--before", before, "--after", after, "--output", str(output)])
+    assert counts == {"pairs": 2, "changed": 1}
+    text = output.read_text()
+    assert "| earnings | ahmc_blackjax | 0 | 0.018 | 0.02 | 1.11x |" in text and "| 0 | 1 |" in text
+    assert "| pima | ahmc_blackjax | 0 | 0.2 | 0.2 | same |" in text and "kidiq" not in text
+
+
+def test_dense_auto_excess_sees_the_correlation_of_the_correlated_gaussian():
+    from benchmarks.dense_auto_excess import excess_row
+
+    row = excess_row("corr_gauss_2", seed=0, num_warmup=400)
+    assert row["dim"] == 2 and row["draws"] > 100
+    assert row["max_abs_correlation"] > 0.9 and row["excess"] > 10  # correlation 0.99: far above the noise

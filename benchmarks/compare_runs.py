@@ -1,0 +1,68 @@
+"""Before/after table of the same (model, sampler, seed) runs in two sets of benchmark JSON files.
+
+    ./dev run python -m benchmarks.compare_runs --before benchmarks/results/jax_seeds_seed{0,1,2}.json \
+        --after benchmarks/results/restart_rule_seeds_seed{0,1,2}.json --output benchmarks/results/restart_rule.md
+
+For a change that should alter only some runs (a rule that fires rarely): every pair present in both
+sets is listed with its min ESS per gradient, max R-hat and warm-up restarts before and after, and
+whether the draws changed (same min ESS per gradient to 1e-12 counts as unchanged: the runs are
+deterministic given the seed). Each file's seed comes from its environment record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def load_runs(paths) -> dict[tuple[str, str, int], dict]:
+    """``(model, sampler, seed) -> run`` for the finished runs of every file."""
+    runs = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        seed = int(data["environment"]["seed"])
+        for run in data["runs"]:
+            if run.get("status") == "ok":
+                runs[run["model"], run["sampler"], seed] = run
+    return runs
+
+
+def _row(run) -> tuple[float, float, float]:
+    metrics = run["metrics"]
+    restarts = sum(run.get("extra", {}).get("restarts", []) or [0])
+    return float(metrics["ess_per_grad"]["min"]), float(metrics["rhat_max"]), float(restarts)
+
+
+def compare(before: dict, after: dict) -> tuple[str, dict]:
+    """Markdown table of the pairs present in both, and counts (pairs, changed)."""
+    lines = ["| model | sampler | seed | min ESS/grad before | after | ratio | max R-hat before | after | "
+             "restarts before | after |", "|---|---|---|---|---|---|---|---|---|---|"]
+    changed = 0
+    keys = sorted(set(before) & set(after))
+    for key in keys:
+        (ess0, rhat0, restarts0), (ess1, rhat1, restarts1) = _row(before[key]), _row(after[key])
+        same = abs(ess1 - ess0) <= 1e-12 * max(abs(ess0), 1.0)
+        changed += not same
+        ratio = "same" if same else f"{ess1 / ess0:.2f}x" if ess0 > 0 else "n/a"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ess0:.4g} | {ess1:.4g} | {ratio} | {rhat0:.3f} | "
+                     f"{rhat1:.3f} | {restarts0:g} | {restarts1:g} |")
+    return "\n".join(lines) + "\n", {"pairs": len(keys), "changed": changed}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare_runs", description=__doc__.splitlines()[0])
+    parser.add_argument("--before", nargs="+", required=True, help="benchmark JSON files (the old runs)")
+    parser.add_argument("--after", nargs="+", required=True, help="benchmark JSON files (the new runs)")
+    parser.add_argument("--output", default=None, help="write the Markdown table here (default: print it)")
+    args = parser.parse_args(argv)
+    table, counts = compare(load_runs(args.before), load_runs(args.after))
+    text = f"{counts['changed']} of {counts['pairs']} runs changed.\n\n{table}"
+    if args.output:
+        Path(args.output).write_text(text)
+    print(text)
+    return counts
+
+
+if __name__ == "__main__":
+    main()
