@@ -73,10 +73,9 @@ from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
 from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reasonable_step_size
 from blackjax.adaptation.window_adaptation import build_schedule
 
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, RoundStats, TunerState, check_min_steps_fraction,
-                       get_objective, gp_ucb, min_num_steps, needs_center, round_init,
-                       round_update, search_space, shrink_correlations)
-from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, RoundStats, TunerState,
+                       check_min_steps_fraction, get_objective, gp_ucb, min_num_steps, needs_center,
+                       prefers_dense, round_init, round_update, search_space, shrink_correlations)
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
            "sample", "lost_chains", "far_below", "climbing"]
@@ -848,10 +847,10 @@ def build_engine(
                 num_draws = mm_state.wc_state.sample_size
                 mm_state = mm_final(mm_state)
                 if dense:  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
-                    covariance = mm_state.inverse_mass_matrix
-                    covariance = shrink_correlations(covariance, num_draws, jnp)
+                    raw = mm_state.inverse_mass_matrix
+                    covariance = shrink_correlations(raw, num_draws, jnp)
                     if auto_dense:  # correlations no stronger than their noise: the diagonal does better
-                        keep = prefers_dense(mm_state.inverse_mass_matrix, num_draws, xp=jnp)
+                        keep = prefers_dense(raw, num_draws, xp=jnp)
                         covariance = jnp.where(keep, covariance, jnp.diag(jnp.diag(covariance)))
                     mm_state = mm_state._replace(inverse_mass_matrix=covariance)
                 restart = da_init(jnp.exp(da_state.log_step_size))

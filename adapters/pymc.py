@@ -69,10 +69,9 @@ from pymc.vartypes import discrete_types  # noqa: E402
 from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, adapt_probability, check_min_steps_fraction, get_objective,
-                       gp_ucb, min_num_steps, needs_center, round_init, round_update, search_space,
-                       shrink_correlations)
-from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, adapt_probability, check_min_steps_fraction,
+                       get_objective, gp_ucb, min_num_steps, needs_center, prefers_dense, round_init, round_update,
+                       search_space, shrink_correlations)
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
