@@ -147,7 +147,7 @@ def test_dense_mass_auto_keeps_the_dense_matrix_only_for_correlated_posteriors()
                                    ("independent", np.diag(scales**2), 66)):
         precision = jnp.asarray(np.linalg.inv(covariance))
         samples, _, state = _jax_engine.sample(jax.random.key(seed), lambda x, p=precision: -0.5 * x @ p @ x,
-                                               initial_positions(seed + 1, dim), 1000, 2000, dense_mass="auto")
+                                               initial_positions(seed + 1, dim), 1000, 1000, dense_mass="auto")
         assert_moments_match(np.asarray(samples), np.zeros(dim), scales)
         learned = np.asarray(state.inverse_mass_matrix)
         assert learned.shape == (dim, dim), name
