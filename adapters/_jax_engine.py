@@ -1101,10 +1101,15 @@ def climbing(window: WindowStats):
     start rises by many of them; a chain at equilibrium, or trapped in a local
     mode, rises by noise only (about one sd over 75 autocorrelated iterations).
     """
-    n, mean, var = _window_moments(window)
+    _, _, var = _window_moments(window)
+    return _window_rise(window) > 3.0 * jnp.sqrt(jnp.median(var))
+
+
+def _window_rise(window: WindowStats):
+    """(C,): each chain's least-squares slope of the log density against the iteration, times the window length."""
+    n, _, _ = _window_moments(window)
     mean_t = (n + 1.0) / 2.0
-    rise = 12.0 * (window.logdensity_trend - mean_t * window.logdensity) / jnp.maximum(n * n - 1.0, 1.0)
-    return rise > 3.0 * jnp.sqrt(jnp.median(var))
+    return 12.0 * (window.logdensity_trend - mean_t * window.logdensity) / jnp.maximum(n * n - 1.0, 1.0)
 
 
 def lost_chains(window: WindowStats, logdensity=None, remaining=None):
@@ -1123,15 +1128,13 @@ def lost_chains(window: WindowStats, logdensity=None, remaining=None):
     estimate, dominated by that chain's offset, shrank the step size to 1e-4
     and the chain never arrived).
     """
-    lost = far_below(window, logdensity) & ~climbing(window)
+    far, trapped = far_below(window, logdensity), ~climbing(window)
     if remaining is None:
-        return lost
+        return far & trapped
     n, mean, _ = _window_moments(window)
-    rise_per_iteration = 12.0 * (window.logdensity_trend - (n + 1.0) / 2.0 * window.logdensity) / jnp.maximum(
-        n * (n * n - 1.0), 1.0)
-    current = mean if logdensity is None else logdensity
-    late = jnp.median(mean) - current > jnp.maximum(rise_per_iteration, 0.0) * remaining
-    return lost | (far_below(window, logdensity) & late)
+    gap = jnp.median(mean) - (mean if logdensity is None else logdensity)
+    late = gap > jnp.maximum(_window_rise(window) / n, 0.0) * remaining
+    return far & (trapped | late)
 
 
 def _warn_if_lost(operand, compare_chains=True):

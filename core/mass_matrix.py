@@ -32,8 +32,9 @@ __all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "correlation_excess", "
            "shrink_correlations"]
 
 #: ``dense_mass="auto"`` keeps the dense estimate when :func:`correlation_excess` is at least this.
-#: On 15 benchmark models (d = 2-31, 800 pooled draws) the excess was 1.0-1.4 on the five where
-#: the dense matrix lost to the diagonal and 2.5-1600 on the ten where it won.
+#: On 15 benchmark models (d = 2-31, 800 pooled draws, benchmarks/results/dense_auto_excess.md) the
+#: excess was 0.99-1.5 on four of the five where the dense matrix had lost to the diagonal (7.1 on
+#: the fifth, GARCH, where it later won 1.18x over two seeds) and 2.3-1570 on the ten where it won.
 DENSE_AUTO_THRESHOLD = 2.0
 
 #: ``dense_mass="auto"`` above this dimension is diagonal from the start: a dense matrix costs

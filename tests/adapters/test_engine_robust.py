@@ -107,6 +107,21 @@ def test_lost_chains_rule():
     assert not np.asarray(lost_chains(window([-1, -1, -9, -1], [0.1] * 4, [0.8] * 4))).any()
 
 
+def test_the_engine_gives_the_rule_its_deadline(monkeypatch):
+    """The warm-up's chain checks pass the metric-phase iterations left, so slow arrivals count as lost."""
+    from ahmc.adapters import _jax_engine
+
+    deadlines = []
+
+    def spy(window, logdensity=None, remaining=None):
+        deadlines.append(remaining)
+        return lost_chains(window, logdensity, remaining)
+
+    monkeypatch.setattr(_jax_engine, "lost_chains", spy)
+    run_chains(jax.random.key(5), lambda x: -0.5 * jnp.sum(x**2), trapped_start(4), 200, 10)
+    assert deadlines and all(remaining is not None for remaining in deadlines)
+
+
 def test_stuck_chain_warning_names_the_chain():
     with pytest.warns(UserWarning, match=r"chain\(s\) \[2\] accepted almost no proposals"):
         _warn_host(np.zeros(3, bool), np.array([0.8, 0.7, 0.01]), np.zeros(3))
