@@ -390,7 +390,7 @@ def _run_ahmc_kernel(logdensity_fn, rng_key, positions, num_warmup, num_samples,
     options = dict(options)
     chain_method = options.pop("chain_method", "vectorized")
     kernel = AdaptiveHMC(potential_fn=lambda x: -logdensity_fn(x), **options)
-    fields = ("step_size", "max_steps", "arm_changed", "tuning_round")
+    fields = ("step_size", "max_steps", "arm_changed", "tuning_round", "restarted")
     run, _, warm, sample = _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples,
                                              chain_method, fields)
     run.extra.update(
@@ -399,6 +399,7 @@ def _run_ahmc_kernel(logdensity_fn, rng_key, positions, num_warmup, num_samples,
         rounds=_as_float_list(np.asarray(sample["tuning_round"]).max(axis=1)),
         arm_changes=_as_float_list(np.asarray(warm["arm_changed"]).sum(axis=1)
                                    + np.asarray(sample["arm_changed"]).sum(axis=1)),
+        restarts=_as_float_list(np.asarray(warm["restarted"]).sum(axis=1)),  # lost chains restarted in warm-up
     )
     return run
 

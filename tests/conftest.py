@@ -1,6 +1,36 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and one JAX compilation cache for the whole test session."""
+
+import os
+import shutil
+import tempfile
 
 import pytest
+
+# Many tests compile the same sampler for the same shapes (another seed, another chain method, a
+# second run to check reproducibility).  JAX's persistent cache lets a compiled program be reused
+# across tests and across the xdist workers; the directory lives as long as the session, so nothing
+# carries over between runs.  Set AHMC_TEST_JAX_CACHE=off to compile everything afresh.
+_CACHE_ENV = "AHMC_TEST_JAX_CACHE"
+
+
+def pytest_configure(config):
+    if os.environ.get(_CACHE_ENV) == "off":
+        return
+    if not hasattr(config, "workerinput") and _CACHE_ENV not in os.environ:  # the controller (or a plain run)
+        os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="ahmc-jax-cache-")
+        config._ahmc_jax_cache_owner = True  # workers inherit the variable and share the directory
+    try:
+        import jax
+    except ImportError:
+        return
+    jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_ahmc_jax_cache_owner", False):
+        shutil.rmtree(os.environ.pop(_CACHE_ENV), ignore_errors=True)
 
 
 @pytest.fixture

@@ -266,6 +266,22 @@ def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler):
     timing = out.timing
     assert timing["sampling_timed_by"] == "aot_rerun" and timing["retime_compile_s"] > 0
     assert 0 < timing["sampling_s"] and timing["sampling_mcmc_run_s"] > 0
+    if sampler == "ahmc_numpyro":  # two chains cannot restart one another (the slow test restarts one)
+        assert out.extra["restarts"] == [0.0, 0.0]
+
+
+@pytest.mark.slow  # a 400-iteration warm-up, ~15 s
+def test_ahmc_numpyro_runner_records_warmup_restarts():
+    """The NumPyro runner counts lost chains restarted in warm-up per chain, as the BlackJAX runner does."""
+    pytest.importorskip("numpyro")
+    import jax
+    from benchmarks.samplers import _run_ahmc_kernel
+
+    from .adapters.test_engine_robust import trapped_logdensity, trapped_start
+
+    out = _run_ahmc_kernel(trapped_logdensity, jax.random.key(3), trapped_start(4), 400, 20)
+    restarts = out.extra["restarts"]
+    assert len(restarts) == 4 and restarts[1] >= 1 and restarts[0] == restarts[2] == restarts[3] == 0
 
 
 @pytest.mark.slow  # another NumPyro run and re-run, ~10 s
