@@ -133,3 +133,27 @@ def test_dense_whitening_follows_each_mass_matrix_window():
         imm, w = np.asarray(state.inverse_mass_matrix), np.asarray(state.whitening)
         np.testing.assert_allclose(w @ imm @ w.T, np.eye(3), atol=1e-3)  # float32
     assert abs(imm[0, 1]) > 0.5  # the last window learned the correlation
+
+
+def test_carried_metric_is_blackjax_dense_metric_without_the_factorisation():
+    """The engine's dense metric draws BlackJAX's momenta to the bit from the carried factor and has
+    its kinetic energy; the sampling step then holds no Cholesky factorisation (BlackJAX's own metric
+    factorises the matrix in every transition where it cannot be moved out of the loop)."""
+    from blackjax.mcmc import metrics
+
+    from ahmc.adapters._jax_engine import carried_metric, inverse_cholesky
+
+    a = np.random.default_rng(0).normal(size=(6, 6))
+    imm = jnp.asarray(a @ a.T / 6 + 0.1 * np.eye(6), jnp.float32)
+    ours, theirs = carried_metric(imm, inverse_cholesky(imm)), metrics.gaussian_euclidean(imm)
+    x = jnp.zeros(6)
+    for seed in range(5):
+        key = jax.random.key(seed)
+        momentum = jax.jit(lambda k: ours.sample_momentum(k, x))(key)
+        np.testing.assert_array_equal(momentum, jax.jit(lambda k: theirs.sample_momentum(k, x))(key))
+        np.testing.assert_allclose(ours.kinetic_energy(momentum), theirs.kinetic_energy(momentum), rtol=1e-6)
+
+    engine = build_engine(lambda x: -0.5 * x @ (imm @ x), num_warmup=100, dense_mass=True)
+    state = engine.init(jnp.zeros((2, 6)), jax.random.key(0))
+    lowered = jax.jit(lambda k, s: engine.step(k, s, sampling=True)).lower(jax.random.key(1), state).as_text()
+    assert "cholesky" not in lowered.lower()
