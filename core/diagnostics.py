@@ -602,7 +602,8 @@ def strongest_correlation(draws, names=None, *, max_dim: int = 1000):
 
 
 def dense_mass_hint(history: TuningHistory) -> str | None:
-    """A suggestion to try ``dense_mass=True`` when the draws are strongly correlated, else None."""
+    """A suggestion to try a dense mass matrix (``"auto"`` or ``True``) when the draws are strongly
+    correlated, else None."""
     found = history.strongest_correlation
     if found is None or abs(found[0]) < DENSE_HINT_CORRELATION:
         return None
@@ -611,8 +612,10 @@ def dense_mass_hint(history: TuningHistory) -> str | None:
     r, a, b = found
     unknown = history.config is None or history.config.dense_mass is None
     return (f"posterior correlation {r:+.2f} between {a} and {b}. A diagonal mass matrix (the default) "
-            f"leaves it to the step size and L; dense_mass=True learns it, and was several times faster per "
-            f"gradient on most correlated posteriors of our benchmark (README, \"Dense mass matrix\")"
+            f"leaves it to the step size and L; a dense one learns it, and was several times faster per "
+            f"gradient on most correlated posteriors of our benchmark (README, \"Dense mass matrix\"): "
+            f"dense_mass=\"auto\" keeps the correlations where they stand above their sampling noise (up to "
+            f"d = 200), dense_mass=True always"
             + (". Ignore this if the run already used dense_mass=True." if unknown else "."))
 
 

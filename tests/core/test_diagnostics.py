@@ -257,3 +257,5 @@ def test_summary_suggests_dense_mass_only_for_strong_correlations_without_it():
     assert dense_mass_hint(strong._replace(config=None)).endswith("already used dense_mass=True.")
     assert dense_mass_hint(history._replace(strongest_correlation=(-0.85, "a", "b"))) is None
     assert dense_mass_hint(strong._replace(config=strong.config._replace(dense_mass=True))) is None
+    assert 'dense_mass="auto"' in dense_mass_hint(strong)  # the choice that keeps only real correlations
+    assert dense_mass_hint(strong._replace(config=strong.config._replace(dense_mass="auto"))) is None
