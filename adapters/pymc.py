@@ -70,8 +70,8 @@ from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, adapt_probability, check_min_steps_fraction,
-                       get_objective, gp_ucb, min_num_steps, needs_center, prefers_dense, round_init, round_update,
-                       search_space, shrink_correlations)
+                       get_objective, gp_ucb, min_num_steps, needs_center, prefers_dense, round_arrays, round_init,
+                       round_update, search_space, shrink_correlations)
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -230,7 +230,7 @@ def refuse_discrete(value_vars, sampler: str, fix: str) -> None:
 @dataclass_state
 class AdaptiveHMCState(BaseHMCState):
     _tuner_state: Any  # core TunerState (None during warm-up)
-    _round_stats: Any  # core RoundStats of the running round
+    _round_stats: Any  # core RoundStats of the running round (Python numbers)
     _search_box: Any  # (eps_lo, eps_hi, L_lo, L_hi), None during warm-up
     _chain_iteration: int
     _num_warmup: int
@@ -326,6 +326,8 @@ class AdaptiveHMC(BaseHMC):
                                    alpha=alpha, delta=delta, schedule=schedule, decay=decay)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
         self._objective = get_objective(objective, divergence_penalty)
+        # A built-in objective takes the round's sums in Python numbers (cheap); a user callable gets arrays.
+        self._objective_takes_numbers = isinstance(objective, str)
         if not isinstance(round_length, (int, np.integer)) or round_length < 1:
             raise ValueError(f"round_length must be a positive integer; got {round_length!r}.")
         if not (freeze_after is None or freeze_after in ("tune", "warmup") or (isinstance(freeze_after, int) and freeze_after >= 0)):
@@ -411,7 +413,7 @@ class AdaptiveHMC(BaseHMC):
     def _tuner(self):
         """The core tuner for this chain's box (rebuilt after a ``sampling_state`` restore)."""
         k, freeze = self._schedule()
-        key = (tuple(self._search_box), k, freeze)
+        key = (self._search_box, k, freeze)
         if self._tuner_cache[0] != key:
             eps_lo, eps_hi, l_lo, l_hi = self._search_box
             space = search_space((eps_lo, eps_hi), (int(l_lo), int(l_hi)), num_step_sizes=self._num_step_sizes)
@@ -425,10 +427,10 @@ class AdaptiveHMC(BaseHMC):
             eps, num_steps = self._tuner().arm(self._tuner_state)
             i = int(self._tuner_state.round) + 1
             k, _ = self._schedule()
-            p = adapt_probability(i, schedule=self._tuner_options["schedule"], k=k, decay=self._tuner_options["decay"])
-            p = float(p) * (i < int(self._tuner_state.freeze_round))
+            p = adapt_probability(i, schedule=self._tuner_options["schedule"], k=k, decay=self._tuner_options["decay"],
+                                  xp=math) * (i < int(self._tuner_state.freeze_round))
             round_stats = {"tuning_round": i, "reward": np.nan, "arm_changed": False, "adapt_probability": p,
-                           **dict(zip(_BOX_STATS, self._search_box.tolist()))}
+                           **dict(zip(_BOX_STATS, self._search_box))}
             self._settings_cache = (self._tuner_state, (float(eps), int(num_steps), p, i, round_stats))
         return self._settings_cache[1]
 
@@ -438,13 +440,13 @@ class AdaptiveHMC(BaseHMC):
         lo, hi = self._step_size_factors
         eps_box = self._step_size_bounds or (eps_star * lo, eps_star * hi)
         l_box = self._num_steps_bounds or (1, self._steps_for(self._max_time, eps_star))
-        self._search_box = np.array([*eps_box, *l_box], dtype=np.float64)
+        self._search_box = tuple(float(v) for v in (*eps_box, *l_box))  # Python numbers: a cheap cache key
         if isinstance(self.potential, (_WarmupDiagAdapt, _WarmupFullAdapt)):
             self.potential.is_adapting = False
         tuner = self._tuner()
         first = tuner.space.arm_index(eps_star, self._steps_for(self._warmup_time, eps_star))
         self._tuner_state = tuner.init()._replace(arm=np.asarray(first, dtype=np.int32))
-        self._round_stats = round_init(np, np.float64)
+        self._round_stats = round_init(None)
 
     # ---- one iteration ---------------------------------------------------------------------
     def astep(self, q0):
@@ -472,9 +474,10 @@ class AdaptiveHMC(BaseHMC):
         round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["accept"],
                                    stats["diverging"], scale, center)
         out = self._round_settings()[4]  # copied by the caller's stats.update
-        if int(round_stats.num_iterations) >= self._round_length:
+        if round_stats.num_iterations >= self._round_length:
             out = dict(out)
-            reward = self._objective(round_stats, self._arm[1])
+            sums = round_stats if self._objective_takes_numbers else round_arrays(round_stats)
+            reward = self._objective(sums, self._arm[1])
             frozen = self._round_settings()[3] >= int(self._tuner_state.freeze_round)  # lazy update: no solves
             with contextlib.nullcontext() if frozen else _single_threaded_blas():
                 self._tuner_state, info = self._tuner().update(self._tuner_state, reward, self.rng.uniform(), lazy=True)
@@ -484,7 +487,7 @@ class AdaptiveHMC(BaseHMC):
                 self._tuner_state = state._replace(arm=np.asarray(best, dtype=np.int32))
             changed = int(self._tuner_state.arm) != int(info.arm)
             out.update(reward=float(info.reward), arm_changed=changed)
-            round_stats = round_init(np, np.float64)
+            round_stats = round_init(None)
         self._round_stats = round_stats
         return out
 

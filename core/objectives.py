@@ -45,6 +45,7 @@ passed straight to the tuner's ``update``.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -53,6 +54,7 @@ __all__ = [
     "RoundStats",
     "round_init",
     "round_update",
+    "round_arrays",
     "normalized_esjd",
     "esjd",
     "esjd_per_gradient",
@@ -68,7 +70,8 @@ DEFAULT_DIVERGENCE_PENALTY = 10.0
 
 
 class RoundStats(NamedTuple):
-    """Running sums over the iterations of one round (arrays only).
+    """Running sums over the iterations of one round: arrays, or Python numbers in an eager loop
+    (``round_init(None)``; :func:`round_arrays` turns them into the arrays an objective takes).
 
     Attributes
     ----------
@@ -90,11 +93,26 @@ class RoundStats(NamedTuple):
 
 
 def round_init(xp=np, dtype=None) -> RoundStats:
-    """Empty running sums (call at the start of every round)."""
+    """Empty running sums (call at the start of every round).
+
+    ``xp=None``: Python numbers (float64 and int) for an eager loop that updates once per
+    iteration (PyMC): the sums then cost a few Python additions instead of NumPy scalar
+    operations (~4 us per iteration).  Convert with :func:`round_arrays` before an objective.
+    """
+    if xp is None:
+        return RoundStats(0, 0, 0.0, 0.0, 0, 0.0)
     dtype = xp.asarray(0.0).dtype if dtype is None else dtype
     zero_int = xp.asarray(0, dtype=xp.int32)
     zero = xp.asarray(0.0, dtype=dtype)
     return RoundStats(zero_int, zero_int, zero, zero, zero_int, zero)
+
+
+def round_arrays(stats: RoundStats, xp=np, dtype=None) -> RoundStats:
+    """The sums as 0-d arrays with :func:`round_init`'s dtypes (int32 counts), for an objective."""
+    dtype = xp.asarray(0.0).dtype if dtype is None else dtype
+    counts = ("num_iterations", "num_gradients", "num_divergent")
+    return RoundStats(*(xp.asarray(value, dtype=xp.int32 if name in counts else dtype)
+                        for name, value in zip(RoundStats._fields, stats)))
 
 
 def round_update(
@@ -125,9 +143,9 @@ def round_update(
         Posterior mean estimate: with it the round also sums the jumps of the
         centred, whitened squares (for ``esjd_moments``); ``None`` skips them.
     """
-    if isinstance(stats.sum_squared_jump, (np.ndarray, np.generic)):
-        return _round_update_numpy(stats, previous_position, position, num_gradients, acceptance, is_divergent,
-                                   scale, center)
+    if isinstance(stats.sum_squared_jump, float):
+        return _round_update_python(stats, previous_position, position, num_gradients, acceptance, is_divergent,
+                                    scale, center)
     xp = stats.sum_squared_jump.__array_namespace__()
     dtype = stats.sum_squared_jump.dtype
     old = xp.asarray(previous_position, dtype=dtype)
@@ -151,29 +169,21 @@ def round_update(
     )
 
 
-def _round_update_numpy(stats, previous_position, position, num_gradients, acceptance, is_divergent, scale,
-                        center):
-    """round_update for eager NumPy: the same sums and dtypes with a handful of operations
-    (PyMC calls it once per iteration; the generic path spends ~10 us in array creation)."""
-    dtype = stats.sum_squared_jump.dtype
-    jump = np.subtract(position, previous_position, dtype=dtype)
+def _round_update_python(stats, previous_position, position, num_gradients, acceptance, is_divergent, scale,
+                         center):
+    """round_update on Python-number sums (``round_init(None)``): NumPy for the vectors, Python for the rest."""
+    jump = np.subtract(position, previous_position, dtype=np.float64)
     if scale is not None:
-        jump /= np.asarray(scale, dtype=dtype)
+        jump /= np.asarray(scale, dtype=np.float64)
     squares_jump = stats.sum_squared_jump_squares
     if center is not None:
-        scale = 1.0 if scale is None else np.asarray(scale, dtype=dtype)
-        old = (np.subtract(previous_position, center, dtype=dtype) / scale) ** 2
-        change = (np.subtract(position, center, dtype=dtype) / scale) ** 2 - old
+        scale = 1.0 if scale is None else np.asarray(scale, dtype=np.float64)
+        old = (np.subtract(previous_position, center, dtype=np.float64) / scale) ** 2
+        change = (np.subtract(position, center, dtype=np.float64) / scale) ** 2 - old
         squares_jump = squares_jump + 0.5 * float(change @ change)
-    # Python scalars are "weak" in NumPy 2 arithmetic: the sums keep the fields' dtypes, and cheaply.
-    return RoundStats(
-        num_iterations=stats.num_iterations + 1,
-        num_gradients=stats.num_gradients + int(num_gradients),
-        sum_squared_jump=stats.sum_squared_jump + float(jump @ jump),
-        sum_acceptance=stats.sum_acceptance + float(acceptance),
-        num_divergent=stats.num_divergent + int(bool(is_divergent)),
-        sum_squared_jump_squares=squares_jump,
-    )
+    return RoundStats(stats.num_iterations + 1, stats.num_gradients + int(num_gradients),
+                      stats.sum_squared_jump + float(jump @ jump), stats.sum_acceptance + float(acceptance),
+                      stats.num_divergent + int(bool(is_divergent)), squares_jump)
 
 
 def _safe_divide(numerator, denominator):
@@ -185,8 +195,23 @@ def _safe_divide(numerator, denominator):
     return xp.where(positive, numerator / safe, xp.asarray(np.nan, dtype=numerator.dtype))
 
 
+# The built-in objectives also take sums kept in Python numbers (``round_init(None)``) and then
+# return a Python float: an eager loop (PyMC) evaluates them once per round between leapfrog
+# trajectories that evict NumPy's code from the CPU caches, where a dozen 0-d array operations
+# cost ~100 us (measured in PyMC, README "AHMC in PyMC") and the same arithmetic on floats ~1 us.
+def _in_python(stats: RoundStats) -> bool:
+    return isinstance(stats.sum_squared_jump, float)
+
+
+def _mean(total, count) -> float:
+    """``total / count`` in Python numbers, NaN for an empty round (as :func:`_safe_divide`)."""
+    return total / count if count > 0 else math.nan
+
+
 def normalized_esjd(stats: RoundStats, max_num_steps):
     """Mean squared jump / sqrt(L): the paper's default reward."""
+    if _in_python(stats):
+        return _mean(stats.sum_squared_jump, stats.num_iterations) / math.sqrt(max_num_steps)
     xp = stats.sum_squared_jump.__array_namespace__()
     mean_jump = _safe_divide(stats.sum_squared_jump, stats.num_iterations)
     return mean_jump / xp.sqrt(xp.asarray(max_num_steps, dtype=mean_jump.dtype))
@@ -194,17 +219,25 @@ def normalized_esjd(stats: RoundStats, max_num_steps):
 
 def esjd(stats: RoundStats, max_num_steps):
     """Mean squared jump per iteration (Pasarica & Gelman 2010)."""
+    if _in_python(stats):
+        return _mean(stats.sum_squared_jump, stats.num_iterations)
     return _safe_divide(stats.sum_squared_jump, stats.num_iterations)
 
 
 def esjd_per_gradient(stats: RoundStats, max_num_steps):
     """Squared jump per gradient evaluation, over the round."""
+    if _in_python(stats):
+        return _mean(stats.sum_squared_jump, stats.num_gradients)
     return _safe_divide(stats.sum_squared_jump, stats.num_gradients)
 
 
 def esjd_moments(stats: RoundStats, max_num_steps):
     """Geometric mean of the mean squared jump of the whitened position and of its centred
     square, / sqrt(L): a reward for moving both means and variances (needs ``center``)."""
+    if _in_python(stats):
+        mean_jump = _mean(stats.sum_squared_jump, stats.num_iterations)
+        mean_squares_jump = _mean(stats.sum_squared_jump_squares, stats.num_iterations)
+        return math.sqrt(mean_jump * mean_squares_jump) / math.sqrt(max_num_steps)
     xp = stats.sum_squared_jump.__array_namespace__()
     mean_jump = _safe_divide(stats.sum_squared_jump, stats.num_iterations)
     mean_squares_jump = _safe_divide(stats.sum_squared_jump_squares, stats.num_iterations)
@@ -233,6 +266,8 @@ def with_divergence_penalty(objective: Callable, penalty: float) -> Callable:
 
     def penalized(stats: RoundStats, max_num_steps):
         reward = objective(stats, max_num_steps)
+        if _in_python(stats):
+            return float(reward) * math.exp(-penalty * stats.num_divergent / max(stats.num_iterations, 1))
         xp = reward.__array_namespace__() if hasattr(reward, "__array_namespace__") else np
         reward = xp.asarray(reward)
         dtype = reward.dtype

@@ -36,6 +36,8 @@ import numpy as np
 from . import gp
 from .space import SearchSpace
 
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
 __all__ = ["TunerState", "TunerInfo", "Surrogate", "Tuner", "gp_ucb", "adapt_probability", "ucb_beta"]
 
 SCHEDULES = ("inverse_sqrt", "exponential")
@@ -154,7 +156,10 @@ class Tuner(NamedTuple):
 
 
 def adapt_probability(round_index, *, schedule: str = "inverse_sqrt", k: int = 100, decay: float = 0.01, xp=np):
-    """Probability ``p_i`` of moving the arm after round ``i`` (``i >= 1``)."""
+    """Probability ``p_i`` of moving the arm after round ``i`` (``i >= 1``); ``xp=math``: Python numbers."""
+    if xp is math:  # one round of an eager loop (see the tuner's _update_eager)
+        i = float(round_index)
+        return 1.0 / math.sqrt(max(i - k + 1, 1.0)) if schedule == "inverse_sqrt" else math.exp(-decay * (i - 1.0))
     i = xp.asarray(round_index)
     if schedule == "inverse_sqrt":
         return 1.0 / xp.sqrt(xp.maximum(i - k + 1, 1) * 1.0)
@@ -162,8 +167,8 @@ def adapt_probability(round_index, *, schedule: str = "inverse_sqrt", k: int = 1
 
 
 def ucb_beta(round_index, *, delta: float = 0.1, dim: int = 2, xp=np):
-    """``beta_{i+1} = 2 log((i+1)^(d/2+2) pi^2 / (3 delta))`` (Srinivas et al. 2010)."""
-    i = xp.asarray(round_index)
+    """``beta_{i+1} = 2 log((i+1)^(d/2+2) pi^2 / (3 delta))`` (Srinivas et al. 2010); ``xp=math``: Python numbers."""
+    i = float(round_index) if xp is math else xp.asarray(round_index)
     return 2.0 * ((dim / 2.0 + 2.0) * xp.log(i + 1.0) + math.log(math.pi**2 / (3.0 * delta)))
 
 
@@ -461,53 +466,62 @@ def gp_ucb(
 
         Skips the settling and the eviction downdate when there is nothing to
         settle or evict, and the acquisition when the arm stays; solves over the
-        occupied slots only.  ``tests/core`` check it against the array-only path.
+        occupied slots only.  Scalars stay Python numbers (float64 arithmetic is
+        the same; other dtypes round through ``dtype.type``): an eager sampler
+        calls this between trajectories that evict NumPy's code from the CPU
+        caches, where every NumPy scalar operation costs a few microseconds.
+        ``tests/core`` check it against the array-only path.
         """
         dtype = state.grid_variance.dtype
-        real = dtype.type
+        real = float if dtype == np.float64 else dtype.type
         i = int(state.round) + 1
         arm = int(state.arm)
         reward, weight = real(reward), real(weight)
 
-        is_finite = bool(np.isfinite(reward))
+        is_finite = math.isfinite(reward)
         worst_before, best_before = real(state.worst_reward), real(state.best_reward)
-        clean = reward if is_finite else (worst_before if np.isfinite(worst_before) else real(0.0))
+        clean = reward if is_finite else (worst_before if math.isfinite(worst_before) else real(0.0))
         is_best = is_finite and clean > best_before
         best = clean if is_best else best_before
         worst = clean if is_finite and clean < worst_before else worst_before
-        scale = real(alpha / max(abs(best), real(np.finfo(np.float32).tiny))) if is_best else real(state.scale)
+        scale = real(alpha / max(abs(best), real(_FLOAT32_TINY))) if is_best else state.scale
 
         if float(state.pending_weight) > 0 and int(state.pending_arm) != arm:  # moved from outside
             state = settle(state)
         buffer = state.buffer
-        matches = np.flatnonzero(buffer.arm == arm)
-        free = np.flatnonzero(buffer.arm < 0)
-        is_evicting = not matches.size and not free.size
-        if matches.size:
-            slot = int(matches[0])
-        elif free.size:
-            slot = int(free[0])
+        slot_arms = buffer.arm.tolist()
+        is_evicting = False
+        if arm in slot_arms:
+            slot = slot_arms.index(arm)
+        elif -1 in slot_arms:
+            slot = slot_arms.index(-1)
         else:
+            is_evicting = True
             key = np.where(buffer.count == buffer.count.min(), buffer.last_round, never)
             slot = int(np.argmin(key))
 
         variance = state.grid_variance
-        arms, counts, means, last = (np.array(field) for field in buffer)  # copies: states stay immutable
+        # Copies of what changes: states stay immutable.
+        counts, means, last = buffer.count.copy(), buffer.mean_reward.copy(), buffer.last_round.copy()
+        arms = buffer.arm if slot_arms[slot] == arm else buffer.arm.copy()
         if is_evicting:  # forget the evicted arm exactly: v += c^2 / (noise / count - v(x))
             cov_old, var_old = gp.posterior_covariance_column(gp.compact(buffer), kernel, noise_variance,
                                                               arms[slot], np, dtype)
             old_noise = noise_variance / max(counts[slot], real(1e-30))
             variance = variance + cov_old * cov_old / max(old_noise - var_old, np.finfo(dtype).tiny)
-            arms[slot], counts[slot], means[slot] = -1, 0.0, 0.0
-        total = counts[slot] + weight
-        means[slot] = means[slot] + (clean - means[slot]) * weight / total
-        arms[slot], counts[slot], last[slot] = arm, total, i
+            counts[slot], means[slot] = 0.0, 0.0
+        count, mean = real(counts[slot]), real(means[slot])
+        total = count + weight
+        means[slot] = mean + (clean - mean) * weight / total
+        counts[slot], last[slot] = total, i
+        if arms is not buffer.arm:
+            arms[slot] = arm
         buffer = gp.ArmBuffer(arms, counts, means, last)
         pending_weight = real(state.pending_weight) + weight
 
-        p = real(adapt_probability(i, schedule=schedule, k=k, decay=decay))
-        beta = real(ucb_beta(i, delta=delta))
-        is_adapting = bool(real(uniform) < p) and i < int(state.freeze_round)
+        p = real(adapt_probability(i, schedule=schedule, k=k, decay=decay, xp=math))
+        beta = real(ucb_beta(i, delta=delta, xp=math))
+        is_adapting = real(uniform) < p and i < int(state.freeze_round)
         proposed = -1
         if is_adapting:
             variance = settled_variance(gp.compact(buffer), variance, arm, pending_weight, np, dtype)
@@ -528,7 +542,7 @@ def gp_ucb(
             is_finite=np.bool_(is_finite), arm=state.arm, adapt_probability=np.asarray(p, dtype),
             beta=np.asarray(beta, dtype), is_adapting=np.bool_(is_adapting),
             proposed_arm=np.int32(proposed), next_arm=np.asarray(next_arm, dtype=np.int32),
-            arm_changed=np.bool_(next_arm != arm), num_arms=np.int32(np.count_nonzero(counts > 0)),
+            arm_changed=np.bool_(next_arm != arm), num_arms=np.int32((counts > 0).sum()),
             is_evicting=np.bool_(is_evicting),
         )
         return new_state, info

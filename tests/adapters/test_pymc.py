@@ -321,6 +321,28 @@ def test_divergence_penalty_scales_the_first_round_reward():
     np.testing.assert_allclose(rewards[10.0][9], rewards[0.0][9] * np.exp(-10.0 * fraction), rtol=1e-10)
 
 
+def test_user_objective_gets_arrays_and_matches_the_builtin_reward():
+    """A built-in objective reads the round's sums in Python numbers, a user callable gets arrays
+    (round_init's dtypes); the same reward gives the same rewards, arms and draws."""
+    from ahmc.core import normalized_esjd
+
+    seen = []
+
+    def user_reward(stats, max_num_steps):
+        seen.append({type(v) for v in stats} | {np.asarray(v).dtype.name for v in stats})
+        return normalized_esjd(stats, max_num_steps)
+
+    runs = {}
+    for objective in ("normalized_esjd", user_reward):
+        runs[objective is user_reward] = sample(gaussian_model(), tune=150, draws=50, chains=1,
+                                                step_kwargs=dict(objective=objective))
+    assert seen and all(kinds == {np.ndarray, "int32", "float64"} for kinds in seen)
+    builtin, user = (runs[False].sample_stats, runs[True].sample_stats)
+    assert np.isfinite(builtin["reward"].values).sum() == 5  # one per round of the 50 draws
+    np.testing.assert_allclose(user["reward"].values, builtin["reward"].values, rtol=1e-12)
+    np.testing.assert_array_equal(runs[True].posterior["x"].values, runs[False].posterior["x"].values)
+
+
 def test_freeze_after_tune_keeps_the_arm_during_draws():
     idata = sample(gaussian_model(), tune=200, draws=200, step_kwargs=dict(freeze_after="tune"))
     stats = idata.sample_stats

@@ -2,12 +2,14 @@ import numpy as np
 import pytest
 
 from ahmc.core import (
+    OBJECTIVES,
     esjd,
     esjd_moments,
     esjd_per_gradient,
     get_objective,
     needs_center,
     normalized_esjd,
+    round_arrays,
     round_init,
     round_update,
     with_divergence_penalty,
@@ -126,3 +128,41 @@ def test_objectives_that_need_a_center_say_so_also_when_penalized():
     assert needs_center(esjd_moments) and needs_center(get_objective("esjd_moments", divergence_penalty=10.0))
     assert not needs_center(get_objective("normalized_esjd", divergence_penalty=10.0))
     assert not needs_center(lambda stats, max_num_steps: 1.0)
+
+
+def _rounds(xp, center=None, num_divergent=3):
+    """One round of 10 iterations summed in arrays (xp=np) or in Python numbers (xp=None)."""
+    rng = np.random.default_rng(5)
+    draws, scale = rng.normal(size=(11, 4)), rng.uniform(0.5, 2.0, 4)
+    stats = round_init(xp) if xp is None else round_init(xp, np.float64)
+    for t in range(10):
+        stats = round_update(stats, draws[t], draws[t + 1], t % 3 + 1, 0.1 * t, t < num_divergent, scale, center)
+    return stats
+
+
+def test_python_number_sums_match_the_array_sums_and_convert_to_their_dtypes():
+    """round_init(None) keeps the sums in Python numbers (PyMC's eager loop); round_arrays gives back
+    exactly round_init's arrays and dtypes."""
+    center = np.linspace(-1, 1, 4)
+    in_python, in_arrays = _rounds(None, center), _rounds(np, center)
+    assert all(isinstance(v, (int, float)) and not isinstance(v, np.generic) for v in in_python)
+    converted = round_arrays(in_python)
+    for name, a, b in zip(in_arrays._fields, in_arrays, converted):
+        assert (np.asarray(a).dtype, np.shape(a)) == (b.dtype, b.shape), name
+        assert float(a) == pytest.approx(float(b), rel=1e-14), name
+    assert int(converted.num_divergent) == 3 and int(converted.num_gradients) == 19
+
+
+@pytest.mark.parametrize("name", ["normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"])
+@pytest.mark.parametrize("penalty", [0.0, 10.0])
+def test_builtin_objectives_give_the_same_reward_on_python_number_sums(name, penalty):
+    objective = get_objective(name, divergence_penalty=penalty)
+    center = np.zeros(4) if needs_center(objective) else None
+    in_python, in_arrays = _rounds(None, center), _rounds(np, center)
+    reward = objective(in_python, 7)
+    assert isinstance(reward, float)
+    assert reward == pytest.approx(float(objective(in_arrays, 7)), rel=1e-13)
+    if penalty:  # the penalty did something: exp(-10 * 3 / 10)
+        assert reward == pytest.approx(float(OBJECTIVES[name](in_arrays, 7)) * np.exp(-3.0), rel=1e-13)
+    empty = objective(round_init(None), 7)
+    assert isinstance(empty, float) and np.isnan(empty) and np.isnan(float(objective(round_init(), 7)))

@@ -29,6 +29,17 @@ def test_beta_formula():
         assert ucb_beta(i) == pytest.approx(expected, rel=1e-14)
 
 
+def test_schedule_in_python_numbers_matches_numpy():
+    """xp=math (the eager tuner update and PyMC's per-round stats) gives Python floats equal to NumPy's."""
+    for i in [1, 2, 50, 99, 100, 101, 1000]:
+        for schedule in ("inverse_sqrt", "exponential"):
+            p = adapt_probability(i, schedule=schedule, k=100, decay=0.01, xp=math)
+            assert type(p) is float and p == pytest.approx(float(adapt_probability(i, schedule=schedule, k=100,
+                                                                                    decay=0.01)), rel=1e-15)
+        beta = ucb_beta(i, delta=0.05, xp=math)
+        assert type(beta) is float and beta == pytest.approx(float(ucb_beta(i, delta=0.05)), rel=1e-15)
+
+
 def test_info_reports_the_schedule(space):
     tuner = gp_ucb(space)
     state = tuner.init()
@@ -192,6 +203,24 @@ def test_lazy_update_gives_the_same_states(space):
         else:
             assert int(info_l.proposed_arm) == int(info_e.proposed_arm)
     assert skipped > 20 and int(info_e.num_arms) == 4  # both paths were exercised
+
+
+def test_lazy_update_keeps_a_float32_state_float32(space):
+    """The eager path rounds its Python-number arithmetic through the state's dtype (float32 here)."""
+    tuner = gp_ucb(space, capacity=4, k=3)
+    rng = np.random.default_rng(13)
+    full = lazy = tuner.init(dtype=np.float32)
+    for n in range(30):
+        reward, uniform = rng.uniform(0.1, 2.0), rng.uniform()
+        arm = np.int32(rng.integers(space.num_arms)) if n % 7 == 0 else full.arm
+        full, _ = tuner.update(full._replace(arm=arm), reward, uniform)
+        lazy, _ = tuner.update(lazy._replace(arm=arm), reward, uniform, lazy=True)
+        for name in TunerState._fields:
+            for a, b in zip(_leaves((getattr(full, name),)), _leaves((getattr(lazy, name),))):
+                a, b = np.asarray(a), np.asarray(b)
+                assert (a.dtype, a.shape) == (b.dtype, b.shape), name
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert lazy.grid_variance.dtype == np.float32 and lazy.best_reward.dtype == np.float32
 
 
 def test_update_with_cond_skips_work_and_keeps_the_state(space):
