@@ -215,11 +215,7 @@ def test_lazy_update_keeps_a_float32_state_float32(space):
         arm = np.int32(rng.integers(space.num_arms)) if n % 7 == 0 else full.arm
         full, _ = tuner.update(full._replace(arm=arm), reward, uniform)
         lazy, _ = tuner.update(lazy._replace(arm=arm), reward, uniform, lazy=True)
-        for name in TunerState._fields:
-            for a, b in zip(_leaves((getattr(full, name),)), _leaves((getattr(lazy, name),))):
-                a, b = np.asarray(a), np.asarray(b)
-                assert (a.dtype, a.shape) == (b.dtype, b.shape), name
-                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+        _assert_same_state(full, lazy, rtol=1e-4, atol=1e-5)
     assert lazy.grid_variance.dtype == np.float32 and lazy.best_reward.dtype == np.float32
 
 
@@ -248,7 +244,7 @@ def test_update_with_cond_skips_work_and_keeps_the_state(space):
     assert calls[False] > 20 and calls[True] > 20  # both branches were exercised
 
 
-def _assert_same_state(expected, actual, skip=()):
+def _assert_same_state(expected, actual, skip=(), rtol=1e-10, atol=1e-12):
     """Equal up to rounding (lazy solves over the occupied slots only), with the same dtypes and shapes."""
     for name in TunerState._fields:
         if name in skip:
@@ -256,7 +252,7 @@ def _assert_same_state(expected, actual, skip=()):
         for a, b in zip(_leaves((getattr(expected, name),)), _leaves((getattr(actual, name),))):
             a, b = np.asarray(a), np.asarray(b)
             assert (a.dtype, a.shape) == (b.dtype, b.shape), name
-            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=name)
 
 
 def test_frozen_tuner_pools_its_rewards_without_solves(space):
