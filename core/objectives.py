@@ -143,7 +143,7 @@ def round_update(
         Posterior mean estimate: with it the round also sums the jumps of the
         centred, whitened squares (for ``esjd_moments``); ``None`` skips them.
     """
-    if isinstance(stats.sum_squared_jump, float):
+    if type(stats.sum_squared_jump) is float:  # Python numbers (not np.float64, a subclass of float)
         return _round_update_python(stats, previous_position, position, num_gradients, acceptance, is_divergent,
                                     scale, center)
     xp = stats.sum_squared_jump.__array_namespace__()
@@ -200,7 +200,7 @@ def _safe_divide(numerator, denominator):
 # trajectories that evict NumPy's code from the CPU caches, where a dozen 0-d array operations
 # cost ~100 us (measured in PyMC, README "AHMC in PyMC") and the same arithmetic on floats ~1 us.
 def _in_python(stats: RoundStats) -> bool:
-    return isinstance(stats.sum_squared_jump, float)
+    return type(stats.sum_squared_jump) is float  # not np.float64, a subclass of float
 
 
 def _mean(total, count) -> float:
