@@ -197,8 +197,8 @@ def _safe_divide(numerator, denominator):
 
 # The built-in objectives also take sums kept in Python numbers (``round_init(None)``) and then
 # return a Python float: an eager loop (PyMC) evaluates them once per round between leapfrog
-# trajectories that evict NumPy's code from the CPU caches, where a dozen 0-d array operations
-# cost ~100 us (measured in PyMC, README "AHMC in PyMC") and the same arithmetic on floats ~1 us.
+# trajectories that evict NumPy's code from the CPU caches, where their dozen 0-d array operations
+# cost about twice what a micro-benchmark shows (BENCHMARKS.md, "AHMC in PyMC").
 def _in_python(stats: RoundStats) -> bool:
     return type(stats.sum_squared_jump) is float  # not np.float64, a subclass of float
 
