@@ -231,6 +231,53 @@ def test_compound_step_with_discrete_variable():
     assert "reward" in idata.sample_stats and "max_steps" in idata.sample_stats
 
 
+def _count_model_calls(step):
+    """Wrap the step integrator's compiled log density and gradient with a call counter."""
+    calls = [0]
+    func = step.integrator._logp_dlogp_func
+
+    def counted(*args):
+        calls[0] += 1
+        return func(*args)
+
+    step.integrator._logp_dlogp_func = counted
+    return calls
+
+
+def test_each_trajectory_starts_from_the_density_the_last_one_left():
+    """PyMC's BaseHMC evaluates the density and gradient again at every trajectory's start; the
+    step reuses the previous iteration's (its accepted end, or its start): the same draws with one
+    model call fewer per iteration, except at each chain's first."""
+    draws, calls = {}, {}
+    for reuse in (True, False):
+        with gaussian_model():
+            step = AdaptiveHMC()
+        step.integrator.reuse = reuse
+        calls[reuse] = _count_model_calls(step)
+        idata = pm.sample(step=step, tune=100, draws=100, chains=2, cores=1, random_seed=4, progressbar=False,
+                          compute_convergence_checks=False, discard_tuned_samples=False, model=step._model)
+        draws[reuse] = idata.posterior["x"].values
+        steps = int(idata.warmup_sample_stats["n_steps"].sum() + idata.sample_stats["n_steps"].sum())
+        assert calls[reuse][0] == steps + (2 if reuse else 400)  # 2 chains x 200 iterations
+    np.testing.assert_array_equal(draws[True], draws[False])
+
+
+def test_a_compound_step_evaluates_every_start():
+    """Another step may move a variable the density depends on while this step's position stays."""
+    with pm.Model():
+        x = pm.Normal("x", 0, 1, shape=2)
+        k = pm.Bernoulli("k", 0.5)
+        pm.Normal("y", x.sum() + 3 * k, 1, observed=[0.5, 1.5])
+        step = AdaptiveHMC(vars=[x])
+        calls = _count_model_calls(step)
+        idata = pm.sample(step=[step, pm.BinaryGibbsMetropolis(vars=[k])], tune=50, draws=50, chains=1,
+                          random_seed=2, progressbar=False, compute_convergence_checks=False,
+                          discard_tuned_samples=False)
+    assert not step.integrator.reuse
+    steps = int(idata.warmup_sample_stats["n_steps"].sum() + idata.sample_stats["n_steps"].sum())
+    assert calls[0] == steps + 100
+
+
 @pytest.mark.parametrize("dense_mass", [False, True])
 def test_each_chain_gets_a_fresh_tuner_and_state_round_trips(dense_mass):
     model = gaussian_model()
