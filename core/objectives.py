@@ -143,7 +143,7 @@ def round_update(
         Posterior mean estimate: with it the round also sums the jumps of the
         centred, whitened squares (for ``esjd_moments``); ``None`` skips them.
     """
-    if type(stats.sum_squared_jump) is float:  # Python numbers (not np.float64, a subclass of float)
+    if _in_python(stats):  # round_init(None): Python numbers
         return _round_update_python(stats, previous_position, position, num_gradients, acceptance, is_divergent,
                                     scale, center)
     xp = stats.sum_squared_jump.__array_namespace__()
@@ -186,7 +186,19 @@ def _round_update_python(stats, previous_position, position, num_gradients, acce
                       stats.num_divergent + int(bool(is_divergent)), squares_jump)
 
 
+# The built-in objectives also take sums kept in Python numbers (``round_init(None)``) and then
+# return a Python float: an eager loop (PyMC) evaluates them once per round between leapfrog
+# trajectories that evict NumPy's code from the CPU caches, where their dozen 0-d array operations
+# cost about twice what a micro-benchmark shows (BENCHMARKS.md, "AHMC in PyMC").  The two helpers
+# below carry that choice; the objectives are written once for both.
+def _in_python(stats: RoundStats) -> bool:
+    return type(stats.sum_squared_jump) is float  # not np.float64, a subclass of float
+
+
 def _safe_divide(numerator, denominator):
+    """``numerator / denominator``, NaN where the denominator is 0 (an empty round)."""
+    if type(numerator) is float:
+        return numerator / denominator if denominator > 0 else math.nan
     xp = numerator.__array_namespace__()
     denominator = xp.asarray(denominator, dtype=numerator.dtype)
     positive = denominator > 0
@@ -195,54 +207,36 @@ def _safe_divide(numerator, denominator):
     return xp.where(positive, numerator / safe, xp.asarray(np.nan, dtype=numerator.dtype))
 
 
-# The built-in objectives also take sums kept in Python numbers (``round_init(None)``) and then
-# return a Python float: an eager loop (PyMC) evaluates them once per round between leapfrog
-# trajectories that evict NumPy's code from the CPU caches, where their dozen 0-d array operations
-# cost about twice what a micro-benchmark shows (BENCHMARKS.md, "AHMC in PyMC").
-def _in_python(stats: RoundStats) -> bool:
-    return type(stats.sum_squared_jump) is float  # not np.float64, a subclass of float
-
-
-def _mean(total, count) -> float:
-    """``total / count`` in Python numbers, NaN for an empty round (as :func:`_safe_divide`)."""
-    return total / count if count > 0 else math.nan
+def _sqrt(value, like):
+    """``sqrt(value)`` as ``like``: a Python float, or an array of like's namespace and dtype."""
+    if type(like) is float:
+        return math.sqrt(value)
+    xp = like.__array_namespace__()
+    return xp.sqrt(xp.asarray(value, dtype=like.dtype))
 
 
 def normalized_esjd(stats: RoundStats, max_num_steps):
     """Mean squared jump / sqrt(L): the paper's default reward."""
-    if _in_python(stats):
-        return _mean(stats.sum_squared_jump, stats.num_iterations) / math.sqrt(max_num_steps)
-    xp = stats.sum_squared_jump.__array_namespace__()
     mean_jump = _safe_divide(stats.sum_squared_jump, stats.num_iterations)
-    return mean_jump / xp.sqrt(xp.asarray(max_num_steps, dtype=mean_jump.dtype))
+    return mean_jump / _sqrt(max_num_steps, mean_jump)
 
 
 def esjd(stats: RoundStats, max_num_steps):
     """Mean squared jump per iteration (Pasarica & Gelman 2010)."""
-    if _in_python(stats):
-        return _mean(stats.sum_squared_jump, stats.num_iterations)
     return _safe_divide(stats.sum_squared_jump, stats.num_iterations)
 
 
 def esjd_per_gradient(stats: RoundStats, max_num_steps):
     """Squared jump per gradient evaluation, over the round."""
-    if _in_python(stats):
-        return _mean(stats.sum_squared_jump, stats.num_gradients)
     return _safe_divide(stats.sum_squared_jump, stats.num_gradients)
 
 
 def esjd_moments(stats: RoundStats, max_num_steps):
     """Geometric mean of the mean squared jump of the whitened position and of its centred
     square, / sqrt(L): a reward for moving both means and variances (needs ``center``)."""
-    if _in_python(stats):
-        mean_jump = _mean(stats.sum_squared_jump, stats.num_iterations)
-        mean_squares_jump = _mean(stats.sum_squared_jump_squares, stats.num_iterations)
-        return math.sqrt(mean_jump * mean_squares_jump) / math.sqrt(max_num_steps)
-    xp = stats.sum_squared_jump.__array_namespace__()
     mean_jump = _safe_divide(stats.sum_squared_jump, stats.num_iterations)
     mean_squares_jump = _safe_divide(stats.sum_squared_jump_squares, stats.num_iterations)
-    steps = xp.asarray(max_num_steps, dtype=mean_jump.dtype)
-    return xp.sqrt(mean_jump * mean_squares_jump) / xp.sqrt(steps)
+    return _sqrt(mean_jump * mean_squares_jump, mean_jump) / _sqrt(max_num_steps, mean_jump)
 
 
 esjd_moments.needs_center = True

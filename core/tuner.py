@@ -501,9 +501,7 @@ def gp_ucb(
             slot = int(np.argmin(key))
 
         variance = state.grid_variance
-        # Copies of what changes: states stay immutable.
-        counts, means, last = buffer.count.copy(), buffer.mean_reward.copy(), buffer.last_round.copy()
-        arms = buffer.arm if slot_arms[slot] == arm else buffer.arm.copy()
+        arms, counts, means, last = (field.copy() for field in buffer)  # copies: states stay immutable
         if is_evicting:  # forget the evicted arm exactly: v += c^2 / (noise / count - v(x))
             cov_old, var_old = gp.posterior_covariance_column(gp.compact(buffer), kernel, noise_variance,
                                                               arms[slot], np, dtype)
@@ -513,9 +511,7 @@ def gp_ucb(
         count, mean = real(counts[slot]), real(means[slot])
         total = count + weight
         means[slot] = mean + (clean - mean) * weight / total
-        counts[slot], last[slot] = total, i
-        if arms is not buffer.arm:
-            arms[slot] = arm
+        arms[slot], counts[slot], last[slot] = arm, total, i
         buffer = gp.ArmBuffer(arms, counts, means, last)
         pending_weight = real(state.pending_weight) + weight
 
