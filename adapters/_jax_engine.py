@@ -75,7 +75,8 @@ from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reason
 from blackjax.adaptation.window_adaptation import build_schedule
 from blackjax.util import generate_gaussian_noise
 
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, RoundStats, TunerState,
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NUM_STEPS_CAP, WARMUP_MAX_STEPS, RoundStats,
+                       TunerState,
                        check_min_steps_fraction, get_objective, gp_ucb, min_num_steps, needs_center,
                        prefers_dense, round_init, round_update, search_space, shrink_correlations)
 
@@ -306,7 +307,7 @@ def build_engine(
     step_size_factors: tuple[float, float] = (0.5, 2.0),
     max_integration_time: float = 4 * math.pi,
     warmup_integration_time: float = 2.0,
-    num_steps_cap: int = 256,
+    num_steps_cap: int = NUM_STEPS_CAP,
     num_step_sizes: int = 100,
     num_num_steps: int = 32,
     log_step_size: bool = True,
@@ -349,7 +350,8 @@ def build_engine(
         Absolute search box ``(lower, upper)``; both or neither.  When omitted
         the box is chosen automatically at the end of the metric phase:
         ``eps* x step_size_factors`` and ``L in [1, ceil(max_integration_time / eps*)]``
-        (capped at ``num_steps_cap``), with ``eps*`` the dual-averaging step
+        (capped at ``num_steps_cap``, default 1024 as NUTS's tree depth 10; the
+        metric phase's ``L`` at ``WARMUP_MAX_STEPS`` = 256), with ``eps*`` the dual-averaging step
         size.  ``L`` up to ``T_max / eps*`` means trajectories of (whitened)
         integration time up to ``T_max = 4 pi``: with the uniform jitter the
         mean time is half that, enough for a half-period of a whitened
@@ -671,9 +673,11 @@ def build_engine(
         up = jax.random.uniform(key, (), ratio.dtype) < ratio - whole
         return jnp.clip(whole + up, 1, super_transitions).astype(jnp.int32)
 
+    warmup_max_steps = min(num_steps_cap, WARMUP_MAX_STEPS)
+
     def warmup_num_steps(eps):
         steps = jnp.ceil(warmup_integration_time / eps)
-        return jnp.clip(jnp.nan_to_num(steps, nan=1.0), 1, num_steps_cap).astype(jnp.int32)
+        return jnp.clip(jnp.nan_to_num(steps, nan=1.0), 1, warmup_max_steps).astype(jnp.int32)
 
     def window_init(num_chains, dtype):
         zeros = jnp.zeros((num_chains,), dtype)

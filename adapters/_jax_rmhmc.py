@@ -48,6 +48,8 @@ import blackjax.mcmc.integrators as integrators
 from blackjax.mcmc.integrators import solve_fixed_point_iteration
 from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 
+from ahmc.core import RMHMC_NUM_STEPS_CAP
+
 from ._jax_engine import build_engine
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, ConstantMetric, check_metric_at, resolve_metric
 
@@ -275,6 +277,8 @@ def build_rmhmc_engine(
     paper measures it.  ``options``: every other knob of ``build_engine``.
     """
     validate_rmhmc_options(options)
+    if not isinstance(metric, ConstantMetric):  # each step costs a metric evaluation: the former cap
+        options.setdefault("num_steps_cap", RMHMC_NUM_STEPS_CAP)
     kernel = transition_kernel(
         metric, softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,
         max_fixed_point_iterations=max_fixed_point_iterations,

@@ -69,9 +69,10 @@ from pymc.vartypes import discrete_types  # noqa: E402
 from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, adapt_probability, check_min_steps_fraction,
-                       get_objective, gp_ucb, min_num_steps, needs_center, prefers_dense, round_arrays, round_init,
-                       round_update, search_space, shrink_correlations)
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP,
+                       WARMUP_MAX_STEPS, adapt_probability, check_min_steps_fraction, get_objective, gp_ucb,
+                       min_num_steps, needs_center, prefers_dense, round_arrays, round_init, round_update,
+                       search_space, shrink_correlations)
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -281,7 +282,8 @@ class AdaptiveHMC(BaseHMC):
     step_size_bounds : (float, float), optional
         Box for ``eps``; default ``eps* x step_size_factors`` (log grid of ``num_step_sizes``).
     num_steps_bounds : (int, int), optional
-        Box for ``L``; default ``(1, ceil(max_integration_time / eps*))``, capped at ``num_steps_cap``.
+        Box for ``L``; default ``(1, ceil(max_integration_time / eps*))``, capped at ``num_steps_cap``
+        (1024, the longest trajectory of NUTS's default tree depth; warm-up's metric phase at 256).
     round_length : int
         Iterations per round, ``m`` (10: the paper's ``B / k`` for 1000 tune, 100 rounds).
     objective : {"normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"} or callable
@@ -343,7 +345,7 @@ class AdaptiveHMC(BaseHMC):
                  schedule="inverse_sqrt", k=None, decay=0.01, freeze_after=None,
                  adapt_mass_matrix=True, initial_step_size=None, metric_fraction=None,
                  step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
-                 num_steps_cap=256, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
+                 num_steps_cap=NUM_STEPS_CAP, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
                  lengthscale=0.2, noise_variance=PYMC_HMC_DEFAULTS["noise_variance"], alpha=4.0, delta=0.1,
                  min_steps_fraction=0.0, dense_mass=False, model=None, **kwargs):
         model = modelcontext(model)
@@ -528,7 +530,7 @@ class AdaptiveHMC(BaseHMC):
 
     def _hamiltonian_step(self, start, p0, step_size) -> HMCStepData:
         if self._arm is None:
-            max_steps = self._steps_for(self._warmup_time, step_size)
+            max_steps = self._steps_for(self._warmup_time, step_size, min(self._num_steps_cap, WARMUP_MAX_STEPS))
         else:
             step_size, max_steps = self._arm
         lowest = int(min_num_steps(max_steps, self._min_steps_fraction)) if self._min_steps_fraction else 1
@@ -559,9 +561,9 @@ class AdaptiveHMC(BaseHMC):
                  "energy": end.energy, "model_logp": end.model_logp}
         return HMCStepData(end, accept, div_info, stats)
 
-    def _steps_for(self, integration_time, step_size):
-        """``L = ceil(T / eps)``, within ``[1, num_steps_cap]``."""
-        return int(np.clip(math.ceil(integration_time / step_size), 1, self._num_steps_cap))
+    def _steps_for(self, integration_time, step_size, cap=None):
+        """``L = ceil(T / eps)``, within ``[1, cap]`` (default ``num_steps_cap``)."""
+        return int(np.clip(math.ceil(integration_time / step_size), 1, cap or self._num_steps_cap))
 
     @staticmethod
     def competence(var, has_grad):
@@ -889,6 +891,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
             # AdaptiveHMC's per-chain reward noise was measured for plain HMC; SoftAbs on the 10-d
             # funnel mixed worse with it (short test: ESS 18-34 of 800 draws vs >= 40), so keep 0.1.
             kwargs.setdefault("noise_variance", 0.1)
+            kwargs.setdefault("num_steps_cap", RMHMC_NUM_STEPS_CAP)
         if max_integration_time is not None or not isinstance(metric, ConstantMetric):
             kwargs["max_integration_time"] = 2 * math.pi if max_integration_time is None else max_integration_time
         for name in ("potential", "scaling", "adapt_mass_matrix", "dense_mass"):

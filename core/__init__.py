@@ -33,7 +33,8 @@ from .mass_matrix import (
     prefers_dense,
     shrink_correlations,
 )
-from .space import SearchSpace, check_min_steps_fraction, min_num_steps, search_space
+from .space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, SearchSpace, check_min_steps_fraction,
+                    min_num_steps, search_space)
 from .tuner import Surrogate, Tuner, TunerInfo, TunerState, adapt_probability, gp_ucb, ucb_beta
 
 __all__ = [
@@ -41,13 +42,16 @@ __all__ = [
     "DENSE_AUTO_MAX_DIM",
     "DENSE_AUTO_THRESHOLD",
     "DEFAULT_DIVERGENCE_PENALTY",
+    "NUM_STEPS_CAP",
     "OBJECTIVES",
+    "RMHMC_NUM_STEPS_CAP",
     "RoundStats",
     "SearchSpace",
     "Surrogate",
     "Tuner",
     "TunerInfo",
     "TunerState",
+    "WARMUP_MAX_STEPS",
     "adapt_probability",
     "esjd",
     "esjd_moments",

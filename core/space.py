@@ -16,7 +16,21 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["SearchSpace", "check_min_steps_fraction", "min_num_steps", "search_space"]
+__all__ = ["NUM_STEPS_CAP", "RMHMC_NUM_STEPS_CAP", "WARMUP_MAX_STEPS", "SearchSpace", "check_min_steps_fraction", "min_num_steps",
+           "search_space"]
+
+# Default upper end of the automatic box's L (``num_steps_cap``): the longest trajectory NUTS takes by
+# default (tree depth 10, 1023 steps).  With the box at ``L <= ceil(4 pi / eps*)`` it binds only where
+# the diagonal metric leaves eps* below ~0.012 (posteriordb's diamonds: a cap of 256 held its L there,
+# and its R-hat at 1.02).
+NUM_STEPS_CAP = 1024
+# Riemann-manifold HMC with a position-dependent metric keeps the former 256: each of its steps costs an
+# O(d^3) metric evaluation and fixed-point solves, and its metric already follows the local scale.
+RMHMC_NUM_STEPS_CAP = 256
+# Leapfrog cap of the warm-up's metric phase, where L = ceil(T_w / eps) only moves the chains while the
+# metric is learned: a step size that small there is often transient (the metric not yet estimated),
+# and paying up to NUM_STEPS_CAP steps for it buys nothing the GP phase does not redo.
+WARMUP_MAX_STEPS = 256
 
 
 class SearchSpace(NamedTuple):

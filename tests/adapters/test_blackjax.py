@@ -5,6 +5,7 @@ for the mean and the second central moment (|z| < 4.5), bulk ESS >= 200 and
 split R-hat < 1.01 (``tests/reference.py``).
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from ahmc.adapters.blackjax import (  # noqa: E402
     run_chains,
     uniform_steps_hmc,
 )
+from ahmc.core import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
 
 from ..reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
 
@@ -363,6 +365,24 @@ def test_adaptation_returns_blackjax_results(warmed_up):
     assert np.all(np.asarray(info.info.adapt_probability) == 1.0)  # p_i = 1 throughout warm-up
     assert np.asarray(info.info.arm_changed).any()
     assert int(info.tuner_state.round) == 30
+
+
+def test_automatic_box_reaches_long_trajectories():
+    """Correlation 0.9999 under a diagonal metric forces eps* ~ 0.01: the automatic box still offers
+    L up to ceil(4 pi / eps*) (beyond the former cap of 256; NUTS's default allows 1023), while the
+    metric phase's L stays within WARMUP_MAX_STEPS."""
+    precision = jnp.linalg.inv(jnp.array([[1.0, 0.9999], [0.9999, 1.0]]))
+
+    def logdensity(x):
+        return -0.5 * x @ precision @ x
+
+    _, info = gpucb_adaptation(logdensity).run(jax.random.key(12), initial_positions(13, 2), 300)
+    eps_lo, _ = np.asarray(info.search_box.step_size)
+    eps_star = 2 * eps_lo  # the box is eps* x (0.5, 2)
+    _, l_hi = np.asarray(info.search_box.num_steps)
+    assert l_hi == min(math.ceil(4 * math.pi / eps_star), NUM_STEPS_CAP) and l_hi > 256
+    metric_phase = np.asarray(info.info.num_steps)[:150]
+    assert metric_phase.max() <= WARMUP_MAX_STEPS
 
 
 def test_parameters_work_in_plain_blackjax_loop(warmed_up):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ pm = pytest.importorskip("pymc")
 from pymc.exceptions import SamplingError  # noqa: E402
 
 from ahmc.adapters.pymc import STATS, AdaptiveHMC  # noqa: E402
+from ahmc.core import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
 from tests.reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
 
 SCALES = np.array([1.0, 10.0, 0.1, 5.0, 2.0, 0.5])
@@ -406,6 +409,25 @@ def test_paper_preset_fixed_box_and_metric():
     warm = idata.warmup_sample_stats
     assert (warm["tuning_round"].values > 0).all()  # no warm-up phase: GP rounds from the first iteration
     assert (warm["step_size_min"].values == 0.01).all() and (warm["max_steps_max"].values == 30).all()
+
+
+def test_automatic_box_reaches_long_trajectories():
+    """Correlation 0.9999 under a diagonal metric forces eps* ~ 0.01: the box's L reaches
+    ceil(4 pi / eps*) beyond the former cap of 256 (NUTS's default allows 1023 steps), warm-up's
+    L stays within WARMUP_MAX_STEPS, and a given num_steps_cap bounds the box."""
+    with pm.Model() as model:
+        pm.MvNormal("x", np.zeros(2), np.array([[1.0, 0.9999], [0.9999, 1.0]]))
+    for cap, random_seed in ((None, 3), (64, 4)):
+        idata = sample(model, tune=200, draws=10, chains=1, random_seed=random_seed, discard_tuned_samples=False,
+                       step_kwargs={} if cap is None else dict(num_steps_cap=cap))
+        stats = idata.sample_stats
+        eps_star, l_hi = float(stats["step_size_bar"].values[0, -1]), int(stats["max_steps_max"].values[0, -1])
+        if cap is None:
+            assert l_hi == min(math.ceil(4 * math.pi / eps_star), NUM_STEPS_CAP) and l_hi > 256
+        else:
+            assert l_hi == cap
+        metric_phase = idata.warmup_sample_stats["max_steps"].values[0, :100]
+        assert metric_phase.max() <= min(cap or NUM_STEPS_CAP, WARMUP_MAX_STEPS)
 
 
 # ---- bad input -----------------------------------------------------------------------------
