@@ -389,6 +389,7 @@ class AdaptiveHMC(BaseHMC):
         self._step_size_factors, self._num_step_sizes = tuple(step_size_factors), int(num_step_sizes)
         self._max_time, self._warmup_time = float(max_integration_time), float(warmup_integration_time)
         self._num_steps_cap = int(num_steps_cap)
+        self._warmup_max_steps = min(self._num_steps_cap, WARMUP_MAX_STEPS)  # the metric phase's L cap
         self._min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
         if not (isinstance(dense_mass, (bool, np.bool_)) or (isinstance(dense_mass, str) and dense_mass == "auto")):
             raise ValueError(f"dense_mass must be True, False or 'auto'; got {dense_mass!r}.")
@@ -476,12 +477,12 @@ class AdaptiveHMC(BaseHMC):
         eps_star = float(self.step_adapt.current(False))
         lo, hi = self._step_size_factors
         eps_box = self._step_size_bounds or (eps_star * lo, eps_star * hi)
-        l_box = self._num_steps_bounds or (1, self._steps_for(self._max_time, eps_star))
+        l_box = self._num_steps_bounds or (1, self._steps_for(self._max_time, eps_star, self._num_steps_cap))
         self._search_box = tuple(float(v) for v in (*eps_box, *l_box))  # Python numbers: a cheap cache key
         if isinstance(self.potential, (_WarmupDiagAdapt, _WarmupFullAdapt)):
             self.potential.is_adapting = False
         tuner = self._tuner()
-        first = tuner.space.arm_index(eps_star, self._steps_for(self._warmup_time, eps_star))
+        first = tuner.space.arm_index(eps_star, self._steps_for(self._warmup_time, eps_star, self._num_steps_cap))
         self._tuner_state = tuner.init()._replace(arm=np.asarray(first, dtype=np.int32))
         self._round_stats = round_init(None)
 
@@ -530,7 +531,7 @@ class AdaptiveHMC(BaseHMC):
 
     def _hamiltonian_step(self, start, p0, step_size) -> HMCStepData:
         if self._arm is None:
-            max_steps = self._steps_for(self._warmup_time, step_size, min(self._num_steps_cap, WARMUP_MAX_STEPS))
+            max_steps = self._steps_for(self._warmup_time, step_size, self._warmup_max_steps)
         else:
             step_size, max_steps = self._arm
         lowest = int(min_num_steps(max_steps, self._min_steps_fraction)) if self._min_steps_fraction else 1
@@ -561,9 +562,10 @@ class AdaptiveHMC(BaseHMC):
                  "energy": end.energy, "model_logp": end.model_logp}
         return HMCStepData(end, accept, div_info, stats)
 
-    def _steps_for(self, integration_time, step_size, cap=None):
-        """``L = ceil(T / eps)``, within ``[1, cap]`` (default ``num_steps_cap``)."""
-        return int(np.clip(math.ceil(integration_time / step_size), 1, cap or self._num_steps_cap))
+    @staticmethod
+    def _steps_for(integration_time, step_size, cap):
+        """``L = ceil(T / eps)``, within ``[1, cap]``."""
+        return int(np.clip(math.ceil(integration_time / step_size), 1, cap))
 
     @staticmethod
     def competence(var, has_grad):
@@ -943,7 +945,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
 
     # ---- one iteration ---------------------------------------------------------------------
     def astep(self, q0):
-        if self._riemann is None:  # constant metric: ordinary HMC, one model call per step plus PyMC's at q0
+        if self._riemann is None:  # constant metric: ordinary HMC, one model call per step (+1 at an unreused start)
             q, (stats,) = super().astep(q0)
             stats.update(fixed_point_converged=True,
                          n_grad_evals=int(stats["n_steps"]) + self.integrator.start_evaluations)
