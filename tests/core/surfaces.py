@@ -20,8 +20,11 @@ def bump_surface(seed):
     return f
 
 
-def run_tuner(tuner, f, num_rounds, seed, noise_sd=0.1):
-    """Drive the tuner with rewards f(arm) * (1 + noise); return (state, true values per round)."""
+def run_tuner(tuner, f, num_rounds, seed, noise_sd=0.1, lazy=False):
+    """Drive the tuner with rewards f(arm) * (1 + noise); return (state, true values per round).
+
+    ``lazy=True``: the eager NumPy update (same states to rounding, ``test_lazy_update_gives_the_same_states``)
+    for the long runs."""
     space = tuner.space
     rng = np.random.default_rng(seed)
     h = space.shape[1]
@@ -31,7 +34,7 @@ def run_tuner(tuner, f, num_rounds, seed, noise_sd=0.1):
         arm = int(state.arm)
         value = f(space.step_size_unit[arm // h], space.num_steps_unit[arm % h])
         reward = value * (1.0 + noise_sd * rng.normal())
-        state, _ = tuner.update(state, reward, rng.uniform())
+        state, _ = tuner.update(state, reward, rng.uniform(), lazy=lazy)
         values.append(value)
         arms.append(arm)
     return state, np.array(values), np.array(arms)

@@ -80,7 +80,7 @@ def test_distinct_arms_grow_slowly(space):
     """While p_i = 1 (i <= k) nearly every round may try a new arm; afterwards
     growth is sub-linear and the total stays below 3 sqrt(rounds) by 2000 rounds."""
     f = bump_surface(0)
-    _, _, arms = run_tuner(gp_ucb(space), f, 2000, 0)
+    _, _, arms = run_tuner(gp_ucb(space), f, 2000, 0, lazy=True)
     distinct = np.array([len(set(arms[:i].tolist())) for i in range(1, 2001)])
     rounds = np.arange(1, 2001)
     assert np.all(distinct[1199:] < 3 * np.sqrt(rounds[1199:]))
