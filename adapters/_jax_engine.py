@@ -75,7 +75,8 @@ from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reason
 from blackjax.adaptation.window_adaptation import build_schedule
 from blackjax.util import generate_gaussian_noise
 
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NUM_STEPS_CAP, WARMUP_MAX_STEPS, RoundStats,
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
+                       WARMUP_MAX_STEPS, RoundStats,
                        TunerState, check_min_steps_fraction, get_objective, gp_ucb, min_num_steps, needs_center,
                        prefers_dense, round_init, round_update, search_space, shrink_correlations)
 
@@ -936,6 +937,8 @@ def build_engine(
                 rewards, hook_state = round_end_fn(round_draws, state.round_iteration + 1, hook_state)
                 rewards = jnp.asarray(rewards, dtype)
                 rewards = rewards if pooled else jnp.broadcast_to(rewards, (num_chains,))
+            # A host callback only when a reward is not finite (this cond is never vmapped: the chains are inside).
+            jax.lax.cond(jnp.all(jnp.isfinite(rewards)), lambda: None, _warn_nonfinite_reward)
             fresh = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
             if pooled:
                 reward = jnp.mean(rewards)
@@ -1193,6 +1196,14 @@ def _warn_host(lost, acceptance, mean_logdensity):
         "the warm-up can restart lost chains.",
         UserWarning, stacklevel=2,
     )
+
+
+def _warn_nonfinite_reward():
+    jax.debug.callback(_warn_nonfinite_reward_host)
+
+
+def _warn_nonfinite_reward_host():
+    warnings.warn(NONFINITE_REWARD_MESSAGE, UserWarning, stacklevel=2)
 
 
 def _check_finite(logdensity, grad):

@@ -69,10 +69,10 @@ from pymc.vartypes import discrete_types  # noqa: E402
 from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP,
-                       WARMUP_MAX_STEPS, adapt_probability, check_min_steps_fraction, get_objective, gp_ucb,
-                       min_num_steps, needs_center, prefers_dense, round_arrays, round_init, round_update,
-                       search_space, shrink_correlations)
+from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
+                       RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, adapt_probability, check_min_steps_fraction,
+                       get_objective, gp_ucb, min_num_steps, needs_center, prefers_dense, round_arrays, round_init,
+                       round_update, search_space, shrink_correlations)
 
 from . import _riemann
 from ._riemann import Geometry, NotPositiveDefiniteError
@@ -516,6 +516,8 @@ class AdaptiveHMC(BaseHMC):
             out = dict(out)
             sums = round_stats if self._objective_takes_numbers else round_arrays(round_stats)
             reward = self._objective(sums, self._arm[1])
+            if not math.isfinite(reward):  # counted as the worst reward so far; say so once
+                warnings.warn(NONFINITE_REWARD_MESSAGE, UserWarning, stacklevel=2)
             frozen = self._round_settings()[3] >= int(self._tuner_state.freeze_round)  # lazy update: no solves
             with contextlib.nullcontext() if frozen else _single_threaded_blas():
                 self._tuner_state, info = self._tuner().update(self._tuner_state, reward, self.rng.uniform(), lazy=True)

@@ -13,8 +13,10 @@ of their inputs: the same code runs under NumPy (PyMC adapter) and under
 from .gp import ArmBuffer
 from .objectives import (
     DEFAULT_DIVERGENCE_PENALTY,
+    NONFINITE_REWARD_MESSAGE,
     OBJECTIVES,
     RoundStats,
+    check_objective,
     esjd,
     esjd_moments,
     esjd_per_gradient,
@@ -57,6 +59,8 @@ __all__ = [
     "esjd_moments",
     "esjd_per_gradient",
     "get_objective",
+    "check_objective",
+    "NONFINITE_REWARD_MESSAGE",
     "gp_ucb",
     "needs_center",
     "normalized_esjd",

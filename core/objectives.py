@@ -62,6 +62,8 @@ __all__ = [
     "needs_center",
     "OBJECTIVES",
     "get_objective",
+    "check_objective",
+    "NONFINITE_REWARD_MESSAGE",
     "with_divergence_penalty",
     "DEFAULT_DIVERGENCE_PENALTY",
 ]
@@ -287,6 +289,40 @@ def _check_penalty(divergence_penalty) -> float:
     return value
 
 
+# A round as the adapters see it (10 iterations of L = 8, half the steps on average, 80% acceptance),
+# for checking a user's reward before any draw.
+_TYPICAL_ROUND = RoundStats(num_iterations=10, num_gradients=45, sum_squared_jump=12.0, sum_acceptance=8.0,
+                            num_divergent=0, sum_squared_jump_squares=12.0)
+
+
+def check_objective(objective: Callable) -> None:
+    """Raise a ValueError naming ``objective`` unless it maps a typical round's sums (0-d NumPy
+    arrays, as :func:`round_arrays` gives them) and ``max_num_steps`` to one finite number.
+
+    A reward that fails here would fail or be ignored in every round; one that is sometimes
+    non-finite in a run counts as the worst reward so far and the adapters warn about it.
+    """
+    name = getattr(objective, "__name__", repr(objective))
+    fix = ("objective must be a callable (stats: RoundStats, max_num_steps) -> float, finite on every "
+           "round (e.g. ahmc.core.normalized_esjd), or one of " + str(sorted(OBJECTIVES)))
+    try:
+        reward = objective(round_arrays(_TYPICAL_ROUND), 8)
+        value = np.asarray(reward, dtype=float)
+    except Exception as err:  # the user's function: report whatever it raised, with the contract
+        raise ValueError(f"objective {name} failed on a typical round's sums ({type(err).__name__}: {err}); "
+                         f"{fix}.") from err
+    if value.shape != () or not np.isfinite(value):
+        raise ValueError(f"objective {name} returned {reward!r} on a typical round's sums {tuple(_TYPICAL_ROUND)} "
+                         f"with max_num_steps=8; {fix}.")
+
+
+NONFINITE_REWARD_MESSAGE = (
+    "ahmc: a round's reward was not finite (NaN or inf); the tuner counts such a round as the worst "
+    "reward so far, so the arm it scored is avoided. If it happens often the tuner learns little: "
+    "check the objective (or the predictive reward) for divisions by zero or log of 0."
+)
+
+
 def get_objective(objective: str | Callable, divergence_penalty: float = 0.0) -> Callable:
     """Resolve an objective name or a user callable ``(stats, max_num_steps) -> reward``.
 
@@ -295,6 +331,7 @@ def get_objective(objective: str | Callable, divergence_penalty: float = 0.0) ->
     penalty = _check_penalty(divergence_penalty)
     if callable(objective):
         resolved = objective
+        check_objective(objective)
     elif objective not in OBJECTIVES:
         raise ValueError(
             f"objective must be one of {sorted(OBJECTIVES)} or a callable "

@@ -565,3 +565,24 @@ def test_gaussians_over_seeds(seed):
         jax.random.key(2000 + seed), lambda x: -0.5 * jnp.sum((x / scales) ** 2), initial_positions(seed, 10), 1000, 2000
     )
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
+
+
+def test_a_non_finite_reward_warns_and_the_run_goes_on():
+    """A user reward that is NaN on long arms (finite on the typical round get_objective checks):
+    one warning naming the objective, NaN rewards recorded, every draw finite. (Every other test
+    checks that a finite reward never warns: pyproject.toml turns the warning into an error.)"""
+    from ahmc.core import normalized_esjd
+
+    def nan_on_long_arms(stats, max_num_steps):
+        return jnp.where(max_num_steps > 8, jnp.nan, normalized_esjd(stats, max_num_steps))
+
+    options = dict(step_size_bounds=(0.3, 0.6), num_steps_bounds=(1, 20))
+    with pytest.warns(UserWarning, match="reward was not finite.*check the objective"):
+        samples, info = run_chains(jax.random.key(5), standard_normal, initial_positions(6, 3), 200, 100,
+                                   objective=nan_on_long_arms, **options)
+    rewards, arm_l, rounds = (np.asarray(x)[:, 0] for x in (info.reward, info.num_steps, info.round))
+    ends = np.flatnonzero((rounds[:-1] > 0) & (rounds[1:] > rounds[:-1]))  # the last iteration of each GP round
+    long_arm = arm_l[ends] > 8
+    assert long_arm.any() and (~long_arm).any()
+    assert np.isnan(rewards[ends][long_arm]).all() and np.isfinite(rewards[ends][~long_arm]).all()
+    assert np.all(np.isfinite(np.asarray(samples)))

@@ -465,3 +465,27 @@ def test_non_finite_initial_density_raises_sampling_error():
         pm.Potential("bad", pm.math.switch(x > 0.5, -np.inf, 0.0))
     with pytest.raises(SamplingError, match=r"model\.debug\(\)"):
         sample(model, tune=10, draws=10, chains=1, initvals={"x": 1.0})
+
+
+def test_a_non_finite_reward_warns_and_the_run_goes_on():
+    """A user reward that is NaN on long arms (finite on the typical round checked at construction):
+    a warning, NaN rewards in the stats at those rounds, all draws kept and finite."""
+    from ahmc.core import normalized_esjd
+
+    def nan_on_long_arms(stats, max_num_steps):
+        return np.nan if max_num_steps > 8 else normalized_esjd(stats, max_num_steps)
+
+    with pytest.warns(UserWarning, match="reward was not finite.*check the objective"):
+        idata = sample(gaussian_model(), tune=150, draws=100, chains=1, discard_tuned_samples=False,
+                       step_kwargs=dict(objective=nan_on_long_arms, step_size_bounds=(0.3, 0.6),
+                                        num_steps_bounds=(1, 20)))
+    rewards, arm_l, rounds = (np.concatenate([idata.warmup_sample_stats[name].values[0],
+                                              idata.sample_stats[name].values[0]])
+                              for name in ("reward", "max_steps", "tuning_round"))
+    ended = rounds[1:] > rounds[:-1]
+    long_ends, short_ends = ended & (arm_l[:-1] > 8), ended & (arm_l[:-1] <= 8)
+    assert long_ends.any() and short_ends.any(), (arm_l, ended)
+    assert np.isnan(rewards[:-1][long_ends]).all() and np.isfinite(rewards[:-1][short_ends]).all()
+    assert np.all(np.isfinite(idata.posterior["x"].values)) and idata.posterior["x"].shape[1] == 100
+    with pytest.raises(ValueError, match="objective .* returned nan"):
+        AdaptiveHMC(objective=lambda stats, max_num_steps: np.nan, model=gaussian_model())

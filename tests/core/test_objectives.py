@@ -166,3 +166,25 @@ def test_builtin_objectives_give_the_same_reward_on_python_number_sums(name, pen
         assert reward == pytest.approx(float(OBJECTIVES[name](in_arrays, 7)) * np.exp(-3.0), rel=1e-13)
     empty = objective(round_init(None), 7)
     assert isinstance(empty, float) and np.isnan(empty) and np.isnan(float(objective(round_init(), 7)))
+
+
+def test_check_objective_names_a_broken_user_reward_before_any_draw():
+    """A user reward that raises, returns NaN or returns a vector on a typical round is refused by
+    get_objective with the contract in the message; a good one (or a built-in) passes unchanged."""
+    from ahmc.core import check_objective
+
+    good = lambda stats, max_num_steps: stats.sum_squared_jump / stats.num_iterations  # noqa: E731
+    assert get_objective(good) is good
+    for name in OBJECTIVES:
+        check_objective(OBJECTIVES[name])
+    broken = {
+        "one_argument": (lambda stats: 1.0, "failed on a typical round's sums"),
+        "nan": (lambda stats, max_num_steps: np.nan, "returned nan"),
+        "log_of_zero": (lambda stats, max_num_steps: np.log(stats.num_divergent * 1.0), "returned"),
+        "vector": (lambda stats, max_num_steps: np.ones(3), "returned"),
+    }
+    for objective, message in broken.values():
+        with pytest.raises(ValueError, match=message) as caught:
+            with np.errstate(divide="ignore"):
+                get_objective(objective)
+        assert "(stats: RoundStats, max_num_steps) -> float" in str(caught.value)
