@@ -76,9 +76,9 @@ from blackjax.adaptation.window_adaptation import build_schedule
 from blackjax.util import generate_gaussian_noise
 
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
-                       WARMUP_MAX_STEPS, RoundStats,
-                       TunerState, check_min_steps_fraction, get_objective, gp_ucb, min_num_steps, needs_center,
-                       prefers_dense, round_init, round_update, search_space, shrink_correlations)
+                       WARMUP_MAX_STEPS, RoundStats, TunerState, check_min_steps_fraction, get_objective, gp_ucb,
+                       min_num_steps, needs_center, prefers_dense, round_init, round_update, search_space,
+                       shrink_correlations)
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
            "sample", "lost_chains", "far_below", "climbing"]
