@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["NUM_STEPS_CAP", "RMHMC_NUM_STEPS_CAP", "WARMUP_MAX_STEPS", "SearchSpace", "check_min_steps_fraction", "min_num_steps",
-           "search_space"]
+__all__ = ["NUM_STEPS_CAP", "RMHMC_NUM_STEPS_CAP", "WARMUP_MAX_STEPS", "SearchSpace", "check_min_steps_fraction",
+           "min_num_steps", "search_space"]
 
 # Default upper end of the automatic box's L (``num_steps_cap``): the longest trajectory NUTS takes by
 # default (tree depth 10, 1023 steps).  With the box at ``L <= ceil(4 pi / eps*)`` it binds only where
