@@ -5,6 +5,9 @@ and hand-set sampler, the ratio ARMHMC / hand-set of the min ESS per cost unit o
 the squares (variances), per seed and as the mean over seeds, with the largest R-hat of each.
 
     ./dev run python -m benchmarks.rmhmc_seeds_table benchmarks/results/rmhmc_gc_seed0.json ...
+
+``--adaptive armhmc_paper_box`` divides another adaptive sampler of the same runs (e.g. ARMHMC in the
+paper's box) by every other sampler of the runs instead (``armhmc`` then shows as a row of its own).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ def ratios(files: list[Path], adaptive: str = "armhmc") -> list[dict]:
     rows = []
     for model in runs[0]:
         for sampler in runs[0][model]:
-            if sampler == adaptive or not all(sampler in r.get(model, {}) for r in runs):
+            if (sampler == adaptive or adaptive not in runs[0][model]
+                    or not all(sampler in r.get(model, {}) for r in runs)):
                 continue
             row = {"model": model, "sampler": sampler, "means": [], "squares": [], "rhat": [], "rhat_adaptive": []}
             for r in runs:
@@ -45,17 +49,18 @@ def _cell(values: list[float], digits: int = 2) -> str:
     return f"{shown} (mean {sum(values) / len(values):.{digits}f})"  # inf when any ratio is
 
 
-def markdown(rows: list[dict], files: list[Path], command: str) -> str:
+def markdown(rows: list[dict], files: list[Path], command: str, adaptive: str = "armhmc") -> str:
+    name = "ARMHMC" if adaptive == "armhmc" else f"`{adaptive}`"
     lines = [
-        "# ARMHMC / hand-set RMHMC over seeds",
+        f"# {name} / hand-set RMHMC over seeds",
         "",
         f"`{command}`",
         "",
-        "Files: " + ", ".join(f"`{Path(f).name}`" for f in files) + ". Ratio of ARMHMC's min ESS per cost "
-        "unit to the hand-set sampler's, per seed (mean); above 1 means ARMHMC is ahead. inf: the hand-set "
+        "Files: " + ", ".join(f"`{Path(f).name}`" for f in files) + f". Ratio of {name}'s min ESS per cost "
+        f"unit to the hand-set sampler's, per seed (mean); above 1 means {name} is ahead. inf: the hand-set "
         "sampler's ESS is 0 or it never moved.",
         "",
-        "| model | hand-set | means | squares (variances) | hand-set max R-hat | ARMHMC max R-hat |",
+        f"| model | hand-set | means | squares (variances) | hand-set max R-hat | {name} max R-hat |",
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -69,9 +74,11 @@ def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path, help="benchmarks.rmhmc JSON files, one per seed")
     parser.add_argument("--output", type=Path, help="write the Markdown here as well")
+    parser.add_argument("--adaptive", default="armhmc",
+                        help="the adaptive sampler divided by each hand-set one (default armhmc)")
     args = parser.parse_args(argv)
     command = "python -m benchmarks.rmhmc_seeds_table " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    text = markdown(ratios(args.files), args.files, command)
+    text = markdown(ratios(args.files, args.adaptive), args.files, command, args.adaptive)
     if args.output:
         args.output.write_text(text)
     print(text)

@@ -904,6 +904,12 @@ def test_rmhmc_seeds_table_divides_armhmc_by_each_hand_set_sampler_per_seed(tmp_
     assert row["squares"] == [float("inf")] * 2 and row["rhat"] == [1.05, 1.05]
     text = rmhmc_seeds_table.main([str(f) for f in files] + ["--output", str(tmp_path / "t.md")])
     assert "| pima | rmhmc_gc_0.5x6 | 2.00, 2.00 (mean 2.00) | inf, inf (mean inf) |" in text
+    # Another adaptive sampler as the numerator: every other sampler of the runs is a row.
+    (row,) = rmhmc_seeds_table.ratios(files, adaptive="rmhmc_gc_0.5x6")
+    assert row["sampler"] == "armhmc" and row["means"] == pytest.approx([0.5, 0.5])
+    text = rmhmc_seeds_table.main([str(f) for f in files] + ["--adaptive", "rmhmc_gc_0.5x6"])
+    assert "| pima | armhmc | 0.50, 0.50 (mean 0.50) | 0.00, 0.00 (mean 0.00) |" in text
+    assert "`rmhmc_gc_0.5x6` max R-hat" in text
 
 
 def test_rmhmc_hand_set_arms_by_name_parse_and_must_follow_armhmc():
