@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("files", nargs="+", type=Path, help="benchmarks.rmhmc JSON files, one per seed")
     parser.add_argument("--output", type=Path, help="write the Markdown here as well")
     parser.add_argument("--adaptive", default="armhmc",
-                        help="the adaptive sampler divided by each hand-set one (default armhmc)")
+                        help="the sampler divided by every other sampler of the runs (default armhmc)")
     args = parser.parse_args(argv)
     command = "python -m benchmarks.rmhmc_seeds_table " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     text = markdown(ratios(args.files, args.adaptive), args.files, command, args.adaptive)
