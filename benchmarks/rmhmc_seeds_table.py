@@ -25,9 +25,10 @@ def ratios(files: list[Path], adaptive: str = "armhmc") -> list[dict]:
     runs = [json.loads(Path(f).read_text())["runs"] for f in files]
     rows = []
     for model in runs[0]:
+        if adaptive not in runs[0][model]:
+            continue
         for sampler in runs[0][model]:
-            if (sampler == adaptive or adaptive not in runs[0][model]
-                    or not all(sampler in r.get(model, {}) for r in runs)):
+            if sampler == adaptive or not all(sampler in r.get(model, {}) for r in runs):
                 continue
             row = {"model": model, "sampler": sampler, "means": [], "squares": [], "rhat": [], "rhat_adaptive": []}
             for r in runs:
