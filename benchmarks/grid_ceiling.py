@@ -9,7 +9,9 @@ defaults of the benchmark) gives the diagonal inverse mass matrix, the dual-aver
 step size ``eps*`` and the chains' positions.  From there every arm of a grid
 (``eps = eps* x factor``, ``L = 1..--max-steps``) runs ``--num-samples`` draws per chain
 with BlackJAX's ``dynamic_hmc`` (``ahmc.adapters.blackjax.uniform_steps_hmc``) and
-scores min bulk ESS over coordinates per gradient.  The maximum of many noisy scores
+scores min bulk ESS over coordinates per gradient.  ``--steps`` and ``--factors`` replace the
+grid's ``L`` values and step-size factors (e.g. a few long ``L`` for a model whose arms run to
+hundreds of steps).  The maximum of many noisy scores
 is biased upwards, so the ``--recheck`` best arms are run again with fresh keys
 (``--recheck-seeds`` times) and their mean re-run score is the reported ceiling::
 
@@ -80,12 +82,14 @@ def score(draws, gradients) -> float:
 
 
 def measure(model, *, num_chains=4, num_warmup=1000, num_samples=2000, max_steps=16, recheck=5,
-            recheck_seeds=3, seed=0) -> dict:
+            recheck_seeds=3, seed=0, steps=None, factors=STEP_SIZE_FACTORS) -> dict:
+    """Score every arm ``(eps* x factor, L)``, ``L`` in ``steps`` (default ``1..max_steps``)."""
     import jax
 
+    steps = list(range(1, max_steps + 1)) if steps is None else [int(n) for n in steps]
     positions, imm, eps_star = warm_up(model, num_chains, num_warmup, seed)
     run = arm_runner(model, imm, num_chains, num_samples)
-    grid = [(eps_star * f, n) for f in STEP_SIZE_FACTORS for n in range(1, max_steps + 1)]
+    grid = [(eps_star * f, n) for f in factors for n in steps]
     keys = jax.random.split(jax.random.key(seed + 1), len(grid))
     scores = []
     for key, (eps, n) in zip(keys, grid):
@@ -102,8 +106,8 @@ def measure(model, *, num_chains=4, num_warmup=1000, num_samples=2000, max_steps
     best = max(rechecks, key=lambda r: r["recheck_mean"])
     return {
         "model": model.name, "dim": int(model.dim), "num_chains": num_chains, "num_warmup": num_warmup,
-        "num_samples": num_samples, "eps_star": eps_star, "step_size_factors": list(STEP_SIZE_FACTORS),
-        "max_steps": max_steps, "grid_scores": [float(s) for s in scores], "rechecks": rechecks,
+        "num_samples": num_samples, "eps_star": eps_star, "step_size_factors": [float(f) for f in factors],
+        "max_steps": max(steps), "steps": steps, "grid_scores": [float(s) for s in scores], "rechecks": rechecks,
         "ceiling": best["recheck_mean"], "ceiling_arm": [best["step_size"], best["num_steps"]],
     }
 
@@ -126,15 +130,16 @@ def markdown(results: dict) -> str:
     for r in results["models"]:
         best = max(r["rechecks"], key=lambda c: c["recheck_mean"])
         lines.append(
-            f"| {r['model']} | {r['dim']} | {r['eps_star']:.3f} | {len(r['step_size_factors'])} x {r['max_steps']} | "
-            f"{max(r['grid_scores']):.3f} | {r['ceiling']:.3f} | ({best['step_size']:.3f}, {best['num_steps']}) | "
-            f"{', '.join(f'{s:.3f}' for s in best['recheck_scores'])} |")
+            f"| {r['model']} | {r['dim']} | {r['eps_star']:.3f} | {len(r['step_size_factors'])} x "
+            f"{len(r.get('steps', range(r['max_steps'])))} | "
+            f"{max(r['grid_scores']):.3g} | {r['ceiling']:.3g} | ({best['step_size']:.3g}, {best['num_steps']}) | "
+            f"{', '.join(f'{s:.3g}' for s in best['recheck_scores'])} |")
     lines += ["", "Re-checked arms (the top grid scores):", "",
               "| model | eps / eps* | L | grid score | re-run mean |", "|---|---|---|---|---|"]
     for r in results["models"]:
         for c in r["rechecks"]:
             lines.append(f"| {r['model']} | {c['step_size_factor']:.2f} | {c['num_steps']} | "
-                         f"{c['grid_score']:.3f} | {c['recheck_mean']:.3f} |")
+                         f"{c['grid_score']:.3g} | {c['recheck_mean']:.3g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -145,6 +150,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--num-warmup", type=int, default=1000)
     parser.add_argument("--num-samples", type=int, default=2000)
     parser.add_argument("--max-steps", type=int, default=16)
+    parser.add_argument("--steps", default=None, help="comma-separated L values (default 1..--max-steps)")
+    parser.add_argument("--factors", default=None,
+                        help="comma-separated step-size factors of eps* (default: STEP_SIZE_FACTORS)")
     parser.add_argument("--recheck", type=int, default=5)
     parser.add_argument("--recheck-seeds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -163,7 +171,10 @@ def main(argv=None) -> dict:
         print(f"{name} ...", flush=True)
         rows.append(measure(bench_models.get_model(name), num_warmup=args.num_warmup,
                             num_samples=args.num_samples, max_steps=args.max_steps, recheck=args.recheck,
-                            recheck_seeds=args.recheck_seeds, seed=args.seed))
+                            recheck_seeds=args.recheck_seeds, seed=args.seed,
+                            steps=None if args.steps is None else [int(n) for n in args.steps.split(",")],
+                            factors=STEP_SIZE_FACTORS if args.factors is None
+                            else [float(f) for f in args.factors.split(",")]))
         print(f"  ceiling {rows[-1]['ceiling']:.4f} at {rows[-1]['ceiling_arm']} ({time.time() - start:.0f} s)",
               flush=True)
     return save_study(args, argv, "grid_ceiling", rows, markdown, args.output)

@@ -724,6 +724,23 @@ def test_grid_ceiling_script_scores_every_arm_and_rechecks_the_best(tmp_path):
     assert out.exists() and "ceiling" in out.with_suffix(".md").read_text()
 
 
+def test_grid_ceiling_takes_its_steps_and_factors_from_the_command_line(tmp_path):
+    pytest.importorskip("jax")
+    from benchmarks import grid_ceiling
+
+    out = tmp_path / "ceiling.json"
+    results = grid_ceiling.main(["--models", "std_gauss_10", "--num-warmup", "100", "--num-samples", "40",
+                                 "--steps", "3,7", "--factors", "0.5,1.0,1.5", "--recheck", "1",
+                                 "--recheck-seeds", "1", "--output", str(out)])
+    (row,) = results["models"]
+    assert row["steps"] == [3, 7] and row["step_size_factors"] == [0.5, 1.0, 1.5]
+    assert len(row["grid_scores"]) == 6
+    (best,) = row["rechecks"]
+    assert best["num_steps"] in (3, 7) and round(best["step_size_factor"], 6) in (0.5, 1.0, 1.5)
+    assert "| std_gauss_10 | 10 |" in out.with_suffix(".md").read_text()
+    assert " 3 x 2 |" in out.with_suffix(".md").read_text()
+
+
 def test_armhmc_runs_on_the_logistic_regressions_and_is_skipped_elsewhere():
     jax = pytest.importorskip("jax")
     model = models.get_model("ripley")
