@@ -87,6 +87,7 @@ def measure(model, *, num_chains=4, num_warmup=1000, num_samples=2000, max_steps
     import jax
 
     steps = list(range(1, max_steps + 1)) if steps is None else [int(n) for n in steps]
+    factors = [float(f) for f in factors]
     positions, imm, eps_star = warm_up(model, num_chains, num_warmup, seed)
     run = arm_runner(model, imm, num_chains, num_samples)
     grid = [(eps_star * f, n) for f in factors for n in steps]
@@ -106,7 +107,7 @@ def measure(model, *, num_chains=4, num_warmup=1000, num_samples=2000, max_steps
     best = max(rechecks, key=lambda r: r["recheck_mean"])
     return {
         "model": model.name, "dim": int(model.dim), "num_chains": num_chains, "num_warmup": num_warmup,
-        "num_samples": num_samples, "eps_star": eps_star, "step_size_factors": [float(f) for f in factors],
+        "num_samples": num_samples, "eps_star": eps_star, "step_size_factors": factors,
         "max_steps": max(steps), "steps": steps, "grid_scores": [float(s) for s in scores], "rechecks": rechecks,
         "ceiling": best["recheck_mean"], "ceiling_arm": [best["step_size"], best["num_steps"]],
     }
@@ -172,10 +173,9 @@ def main(argv=None) -> dict:
         rows.append(measure(bench_models.get_model(name), num_warmup=args.num_warmup,
                             num_samples=args.num_samples, max_steps=args.max_steps, recheck=args.recheck,
                             recheck_seeds=args.recheck_seeds, seed=args.seed,
-                            steps=None if args.steps is None else [int(n) for n in args.steps.split(",")],
-                            factors=STEP_SIZE_FACTORS if args.factors is None
-                            else [float(f) for f in args.factors.split(",")]))
-        print(f"  ceiling {rows[-1]['ceiling']:.4f} at {rows[-1]['ceiling_arm']} ({time.time() - start:.0f} s)",
+                            steps=None if args.steps is None else args.steps.split(","),
+                            factors=STEP_SIZE_FACTORS if args.factors is None else args.factors.split(",")))
+        print(f"  ceiling {rows[-1]['ceiling']:.3g} at {rows[-1]['ceiling_arm']} ({time.time() - start:.0f} s)",
               flush=True)
     return save_study(args, argv, "grid_ceiling", rows, markdown, args.output)
 
