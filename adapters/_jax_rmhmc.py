@@ -36,6 +36,7 @@ eigen-decomposition), so compare such runs by time as well.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -51,9 +52,11 @@ from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 from ahmc.core import RMHMC_NUM_STEPS_CAP
 
 from ._jax_engine import build_engine
-from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, ConstantMetric, check_metric_at, resolve_metric
+from ._jax_metrics import (DEFAULT_SOFTABS_ALPHA, ConstantMetric, FisherLogisticMetric, check_metric_at,
+                           resolve_metric)
 
-__all__ = ["RMHMCInfo", "build_rmhmc_kernel", "build_rmhmc_engine", "default_tolerance", "transition_kernel"]
+__all__ = ["RMHMCInfo", "build_rmhmc_kernel", "build_rmhmc_engine", "default_max_integration_time", "default_tolerance",
+           "transition_kernel"]
 
 DEFAULT_MAX_FIXED_POINT_ITERATIONS = 30
 
@@ -257,6 +260,20 @@ def check_initial_metric(metric, positions) -> None:
         check_metric_at(metric, flat)
 
 
+def default_max_integration_time(metric) -> float:
+    """The automatic box's longest integration time for ``metric``: 2 pi or 4 pi.
+
+    The logistic regressions' Fisher metric is close to the posterior precision, so in its frame the
+    posterior is nearly a standard normal, whose trajectories repeat with period 2 pi: longer ones
+    cost gradients and gain nothing. Measured at full length against Girolami & Calderhead's setting
+    (BENCHMARKS.md), 2 pi put both moments of Pima and Ripley at or above theirs on average, where
+    4 pi fell short on Pima's variances. SoftAbs and a user's metric need not whiten the posterior
+    (on the 10-d funnel ``v`` needed the longer box), and a constant metric is plain HMC: they keep
+    AdaptiveHMC's 4 pi.  ``max_integration_time=`` overrides either.
+    """
+    return 2.0 * math.pi if isinstance(metric, FisherLogisticMetric) else 4.0 * math.pi
+
+
 def build_rmhmc_engine(
     logdensity_fn: Callable,
     *,
@@ -271,14 +288,16 @@ def build_rmhmc_engine(
 
     Warm-up: dual averaging of the step size alone (``metric_fraction`` of it,
     no mass-matrix windows: G(x) is the metric), then GP-UCB rounds over
-    ``(eps, L)`` in the automatic box ``eps* x step_size_factors`` unless
-    ``step_size_bounds``/``num_steps_bounds`` are given.  The reward is the
+    ``(eps, L)`` in the automatic box ``eps* x step_size_factors``, ``L`` up to
+    ``ceil(max_integration_time / eps*)`` (:func:`default_max_integration_time`: 2 pi for
+    ``fisher_logistic_metric``, else 4 pi), unless ``step_size_bounds``/``num_steps_bounds`` are given.  The reward is the
     normalized ESJD of the flat unconstrained position, unwhitened, as the
     paper measures it.  ``options``: every other knob of ``build_engine``.
     """
     validate_rmhmc_options(options)
     if not isinstance(metric, ConstantMetric):  # each step costs a metric evaluation: the former cap
         options.setdefault("num_steps_cap", RMHMC_NUM_STEPS_CAP)
+    options.setdefault("max_integration_time", default_max_integration_time(metric))
     kernel = transition_kernel(
         metric, softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,
         max_fixed_point_iterations=max_fixed_point_iterations,

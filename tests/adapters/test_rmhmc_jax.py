@@ -322,6 +322,31 @@ def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
     assert info.fixed_point_converged.dtype == bool and info.num_gradient_evals.shape == (NUM_CHAINS,)
 
 
+@pytest.mark.parametrize(
+    ("metric_kind", "options", "integration_time"),
+    [
+        ("fisher", {}, 2 * math.pi),  # close to the posterior precision: one period of a standard normal
+        ("softabs", {}, 4 * math.pi),  # need not whiten the posterior: AdaptiveHMC's box
+        ("fisher", {"max_integration_time": 3.0}, 3.0),
+    ],
+)
+def test_automatic_box_integration_time_follows_the_metric(metric_kind, options, integration_time):
+    rng = np.random.default_rng(3)
+    design, labels = rng.normal(size=(50, 4)), rng.integers(0, 2, 50)
+
+    def logdensity(beta):
+        eta = jnp.asarray(design) @ beta
+        return jnp.sum(labels * eta - jax.nn.softplus(eta)) - 0.5 * jnp.sum(beta**2) / 100.0
+
+    metric = fisher_logistic_metric(design) if metric_kind == "fisher" else "softabs"
+    warmup = gpucb_rmhmc_adaptation(logdensity, metric=metric, **options)
+    _, adaptation = warmup.run(jax.random.key(21), starts(22, 4, scale=0.1), 40)
+    low, high = np.asarray(adaptation.search_box.step_size, dtype=float)
+    eps_star = math.sqrt(low * high)  # the box is eps* x (0.5, 2)
+    assert np.isclose(high / low, 4.0)
+    assert int(adaptation.search_box.num_steps[1]) == max(2, math.ceil(integration_time / eps_star - 1e-9))
+
+
 # --------------------------------------------------------------------------- #
 # Bad input: a clear ValueError before any draw
 # --------------------------------------------------------------------------- #
