@@ -14,7 +14,8 @@ Three entry points, in BlackJAX's conventions:
   ``freeze_after`` stops it.
 * :func:`run_chains` -- warm-up + sampling in one call, for scripts and benchmarks.
 * Riemann-manifold HMC: :func:`gpucb_rmhmc_adaptation`, :func:`uniform_steps_rmhmc`,
-  :func:`adaptive_rmhmc`, :func:`run_rmhmc_chains` (same knobs plus ``metric``;
+  :func:`adaptive_rmhmc`, :func:`run_rmhmc_chains` (same knobs plus ``metric``; the
+  automatic box's ``max_integration_time`` defaults to 2 pi with ``fisher_logistic_metric``;
   see the section at the end of this module).
 
 Chains live on a leading axis of ``positions`` and advance together: with the

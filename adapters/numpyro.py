@@ -313,6 +313,9 @@ class AdaptiveRMHMC(AdaptiveHMC):
         with the dense inverse mass matrix ``G^{-1}``, no implicit solver).
     softabs_alpha
         SoftAbs softness, default 1e6 (eigenvalues below ~1/alpha are lifted to 1/alpha).
+    max_integration_time
+        The automatic box's longest trajectory, ``L <= ceil(max_integration_time / eps*)``:
+        default 2 pi with ``fisher_logistic_metric`` (it nearly whitens the posterior), else 4 pi.
     fixed_point_tolerance, max_fixed_point_iterations
         Implicit-midpoint solver: max-abs change of the iterates (default 1e-6
         in float64, 1e-4 in float32) and iteration cap (30).  A solve that does
