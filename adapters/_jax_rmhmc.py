@@ -290,9 +290,9 @@ def build_rmhmc_engine(
     no mass-matrix windows: G(x) is the metric), then GP-UCB rounds over
     ``(eps, L)`` in the automatic box ``eps* x step_size_factors``, ``L`` up to
     ``ceil(max_integration_time / eps*)`` (:func:`default_max_integration_time`: 2 pi for
-    ``fisher_logistic_metric``, else 4 pi), unless ``step_size_bounds``/``num_steps_bounds`` are given.  The reward is the
-    normalized ESJD of the flat unconstrained position, unwhitened, as the
-    paper measures it.  ``options``: every other knob of ``build_engine``.
+    ``fisher_logistic_metric``, else 4 pi), unless ``step_size_bounds``/``num_steps_bounds``
+    are given.  The reward is the normalized ESJD of the flat unconstrained position,
+    unwhitened, as the paper measures it.  ``options``: every other knob of ``build_engine``.
     """
     validate_rmhmc_options(options)
     if not isinstance(metric, ConstantMetric):  # each step costs a metric evaluation: the former cap

@@ -147,7 +147,8 @@ def _flow(metric, logdensity, step_size, num_steps, tolerance=1e-13):
     return flow
 
 
-def _logistic_target():
+def _logistic_problem():
+    """A small Bayesian logistic regression: ``(logdensity, design)``."""
     rng = np.random.default_rng(3)
     design, labels = rng.normal(size=(50, 4)), rng.integers(0, 2, 50)
 
@@ -155,6 +156,11 @@ def _logistic_target():
         eta = jnp.asarray(design) @ beta
         return jnp.sum(labels * eta - jax.nn.softplus(eta)) - 0.5 * jnp.sum(beta**2) / 100.0
 
+    return logdensity, design
+
+
+def _logistic_target():
+    logdensity, design = _logistic_problem()
     return logdensity, fisher_logistic_metric(design).riemannian()
 
 
@@ -331,13 +337,7 @@ def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
     ],
 )
 def test_automatic_box_integration_time_follows_the_metric(metric_kind, options, integration_time):
-    rng = np.random.default_rng(3)
-    design, labels = rng.normal(size=(50, 4)), rng.integers(0, 2, 50)
-
-    def logdensity(beta):
-        eta = jnp.asarray(design) @ beta
-        return jnp.sum(labels * eta - jax.nn.softplus(eta)) - 0.5 * jnp.sum(beta**2) / 100.0
-
+    logdensity, design = _logistic_problem()
     metric = fisher_logistic_metric(design) if metric_kind == "fisher" else "softabs"
     warmup = gpucb_rmhmc_adaptation(logdensity, metric=metric, **options)
     _, adaptation = warmup.run(jax.random.key(21), starts(22, 4, scale=0.1), 40)
