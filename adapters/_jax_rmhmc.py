@@ -13,8 +13,9 @@ changes, and why:
   paper's sampler uses the *generalized leapfrog* (GL), which we write here:
   an implicit half step in p at the old x (the metric and its derivatives at
   x are computed once and reused by every iteration), an implicit full step
-  in x (each iteration needs only ``G(x)^{-1} p``), an explicit half step in
-  p.  GL is symplectic and symmetric, so with exact solves the proposal is
+  in x (each iteration needs only ``G(x)^{-1} p``; it starts from the explicit
+  step ``x + eps G(x)^{-1} p``, as the PyMC step's solver does), an explicit
+  half step in p.  GL is symplectic and symmetric, so with exact solves the proposal is
   reversible and volume preserving; with the tolerance it is so up to that
   tolerance (tested).  For a constant metric both solves converge at once.
 * Non-convergence.  BlackJAX's ``implicit_midpoint`` discards the solver's
@@ -119,8 +120,10 @@ def generalized_leapfrog_step(metric, logdensity_and_grad, step_size, tolerance,
         def position_map(x):
             return state.x + half * (velocity0 + metric.velocity_at(x, p_half)), None
 
+        # Start from the explicit step x + eps G(x)^-1 p': the map's value at x itself, so
+        # starting at x would spend a metric evaluation to learn what velocity0 already says.
         x_new, _, info_x = solve_fixed_point_iteration(
-            position_map, state.x, convergence_tol=tolerance, max_iters=max_iterations)
+            position_map, state.x + step_size * velocity0, convergence_tol=tolerance, max_iters=max_iterations)
         cache = metric.at(x_new)
         logdensity, grad = logdensity_and_grad(x_new)
         p_new = p_half - half * (metric.kinetic_grad_x(cache, p_half) - grad)

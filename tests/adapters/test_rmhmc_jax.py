@@ -209,8 +209,9 @@ def test_a_failed_fixed_point_solve_rejects_the_proposal():
     state = blackjax.mcmc.hmc.init(jnp.array([0.5, -0.2]), correlated_gaussian)
     new, info = jax.vmap(lambda k: kernel(k, state, correlated_gaussian, 0.3, None, 3))(keys)
     assert np.all(info.fixed_point_converged) and np.mean(info.is_accepted) > 0.9
-    # Cost: 1 + sum over steps of (metric values of the position solve + metric + gradient).
-    assert np.all(info.num_gradient_evals >= 1 + 3 * 3)
+    # Cost: 1 + sum over steps of (metric values of the position solve + metric + gradient).  The
+    # Gaussian's metric is constant, so the solve, started at the explicit step, needs one value.
+    np.testing.assert_array_equal(info.num_gradient_evals, 1 + 3 * (1 + 2))
 
 
 # --------------------------------------------------------------------------- #
