@@ -122,8 +122,9 @@ def generalized_leapfrog_step(metric, logdensity_and_grad, step_size, tolerance,
 
         # Start from the explicit step x + eps G(x)^-1 p': the map's value at x itself, so
         # starting at x would spend a metric evaluation to learn what velocity0 already says.
+        # One iteration fewer keeps the cap on the same iterates as a start at x.
         x_new, _, info_x = solve_fixed_point_iteration(
-            position_map, state.x + step_size * velocity0, convergence_tol=tolerance, max_iters=max_iterations)
+            position_map, state.x + step_size * velocity0, convergence_tol=tolerance, max_iters=max_iterations - 1)
         cache = metric.at(x_new)
         logdensity, grad = logdensity_and_grad(x_new)
         p_new = p_half - half * (metric.kinetic_grad_x(cache, p_half) - grad)
