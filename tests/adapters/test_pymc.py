@@ -84,7 +84,8 @@ def test_upper_half_jitter_moments_and_step_counts():
 
 def test_esjd_moments_objective_moments_and_rewards():
     """objective="esjd_moments" (squares centred on the mass-matrix window's mean): the target is unchanged
-    away from the origin, and every round's reward is finite and positive."""
+    away from the origin, and every round's reward is finite and non-negative, and positive in most rounds
+    (a round of ten rejected proposals, e.g. at L = 1 with a large exploratory eps, has jumped nowhere)."""
     means = np.array([30.0, -5.0, 0.0, 12.0, 3.0, -1.0])
     with pm.Model() as model:
         pm.Normal("x", means, SCALES, shape=len(SCALES))
@@ -92,7 +93,8 @@ def test_esjd_moments_objective_moments_and_rewards():
     assert_moments_match(idata.posterior["x"].values, means, SCALES)
     rewards = idata.sample_stats["reward"].values
     ended = ~np.isnan(rewards)
-    assert ended.sum() > 100 and np.all(rewards[ended] > 0)
+    assert ended.sum() > 100 and np.all(np.isfinite(rewards[ended])) and np.all(rewards[ended] >= 0)
+    assert np.mean(rewards[ended] > 0) > 0.9
 
 
 def test_dense_mass_whitens_a_correlated_gaussian():
