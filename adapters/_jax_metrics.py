@@ -58,6 +58,8 @@ class RiemannianMetric(NamedTuple):
     kinetic_grad_x(cache, p)        dK/dx = 0.5 tr(G^{-1} dG/dx_k) - 0.5 p^T G^{-1} dG/dx_k G^{-1} p
     velocity_at(x, p)               G(x)^{-1} p without derivatives (the position solve)
     matrix(x)                       G(x)
+    velocity_derivative(cache, p, r)  d/dt G(x + t r)^{-1} p at t = 0, i.e. -G^{-1} (sum_k r_k dG/dx_k) G^{-1} p,
+                                    from the cache (the position solve's Newton-like correction)
     """
 
     at: Callable
@@ -67,6 +69,7 @@ class RiemannianMetric(NamedTuple):
     kinetic_grad_x: Callable
     velocity_at: Callable
     matrix: Callable
+    velocity_derivative: Callable
 
 
 class ConstantMetric(NamedTuple):
@@ -127,7 +130,15 @@ class FisherLogisticMetric:
             projected = design @ jax.scipy.linalg.cho_solve((cache["chol"], True), p)
             return cache["trace"] - 0.5 * design.T @ (projected**2 * cache["slope"])
 
-        return generic._replace(at=at, kinetic_grad_x=kinetic_grad_x)
+        def velocity_derivative(cache, p, r):
+            # sum_k r_k dG/dbeta_k = X^T diag(slope * X r) X: O(N d), no (d, d, d) tensor.
+            design = jnp.asarray(self.X, p.dtype)
+            chol = cache["chol"]
+            u = jax.scipy.linalg.cho_solve((chol, True), p)
+            bent = design.T @ (cache["slope"] * (design @ r) * (design @ u))
+            return -jax.scipy.linalg.cho_solve((chol, True), bent)
+
+        return generic._replace(at=at, kinetic_grad_x=kinetic_grad_x, velocity_derivative=velocity_derivative)
 
 
 def fisher_logistic_metric(X, prior_variance: float = 100.0) -> FisherLogisticMetric:
@@ -207,7 +218,11 @@ def riemannian_from_callable(metric_fn: Callable) -> RiemannianMetric:
     def velocity_at(x, p):
         return jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(metric_fn(x)), True), p)
 
-    return RiemannianMetric(at, sample_momentum, kinetic_energy, velocity, kinetic_grad_x, velocity_at, metric_fn)
+    def velocity_derivative(cache, p, r):
+        return -velocity(cache, jnp.einsum("ijk,j,k->i", cache["dg"], velocity(cache, p), r))
+
+    return RiemannianMetric(at, sample_momentum, kinetic_energy, velocity, kinetic_grad_x, velocity_at, metric_fn,
+                            velocity_derivative)
 
 
 def _softabs_values(eigenvalues, alpha):
@@ -268,7 +283,14 @@ def softabs_metric(logdensity_fn: Callable, alpha: float = DEFAULT_SOFTABS_ALPHA
         _, vectors, g, _ = decompose(x)
         return (vectors * g) @ vectors.T
 
-    return RiemannianMetric(at, sample_momentum, kinetic_energy, velocity, kinetic_grad_x, velocity_at, matrix)
+    def velocity_derivative(cache, p, r):
+        # In the eigenbasis dG/dx_k is rotated[..., k]: -Q diag(1/g) (sum_k r_k rotated_k) diag(1/g) Q^T p.
+        vectors, g = cache["vectors"], cache["g"]
+        w = (vectors.T @ p) / g
+        return -vectors @ (jnp.einsum("ijk,j,k->i", cache["rotated"], w, r) / g)
+
+    return RiemannianMetric(at, sample_momentum, kinetic_energy, velocity, kinetic_grad_x, velocity_at, matrix,
+                            velocity_derivative)
 
 
 def resolve_metric(metric, softabs_alpha: float = DEFAULT_SOFTABS_ALPHA):

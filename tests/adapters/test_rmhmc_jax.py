@@ -99,15 +99,22 @@ def test_metric_gradients_match_autodiff_and_blackjax_kinetic_energy(kind):
     def kinetic(y, q):
         return metric.kinetic_energy(metric.at(y), q)
 
+    direction = jnp.array([-0.4, 0.9, 1.1])
+
     @jax.jit
     def compare(x, p):
         cache = metric.at(x)
-        ours = (metric.kinetic_grad_x(cache, p), metric.velocity(cache, p), metric.velocity_at(x, p))
+        ours = (metric.kinetic_grad_x(cache, p), metric.velocity(cache, p), metric.velocity_at(x, p),
+                metric.velocity_derivative(cache, p, direction))
         blackjax_energy = bj_metrics.gaussian_riemannian(metric.matrix).kinetic_energy(p, position=x)
-        return ours, jax.grad(kinetic, argnums=(0, 1))(x, p), kinetic(x, p), blackjax_energy, metric.matrix(x)
+        auto_derivative = jax.jvp(lambda y: metric.velocity_at(y, p), (x,), (direction,))[1]
+        return (ours, jax.grad(kinetic, argnums=(0, 1))(x, p), kinetic(x, p), blackjax_energy, metric.matrix(x),
+                auto_derivative)
 
-    (grad_x, velocity, velocity_at), (auto_x, auto_p), energy, blackjax_energy, matrix = compare(x, p)
+    (grad_x, velocity, velocity_at, derivative), (auto_x, auto_p), energy, blackjax_energy, matrix, auto_derivative = (
+        compare(x, p))
     np.testing.assert_allclose(grad_x, auto_x, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(derivative, auto_derivative, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(velocity, auto_p, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(velocity_at, auto_p, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(energy, blackjax_energy, rtol=1e-12)
@@ -192,6 +199,41 @@ def test_generalized_leapfrog_is_reversible_and_volume_preserving(kind):
     if kind != "softabs_funnel":
         jacobian = jax.jit(jax.jacfwd(lambda z: flow(z)[0]))(z0)
         assert abs(np.linalg.det(np.asarray(jacobian)) - 1.0) < 1e-8
+
+
+def test_position_solve_finds_the_plain_iterations_solution_with_fewer_metric_values():
+    """The chord step (cached derivative) solves the same implicit equation as plain fixed-point iteration."""
+    from blackjax.mcmc.integrators import solve_fixed_point_iteration
+
+    metric, step_size, tolerance = softabs_metric(funnel), 0.2, 1e-9
+    half = 0.5 * step_size
+    step = generalized_leapfrog_step(metric, jax.value_and_grad(funnel), step_size, tolerance, 100)
+
+    @jax.jit
+    def both(x, p):
+        state = LeapfrogState(x, p, metric.at(x), *jax.value_and_grad(funnel)(x))
+        new, converged, _, chord_values = step(state)
+        # The momentum half step as the integrator takes it, then the plain iteration from x.
+        p_half, _, _ = solve_fixed_point_iteration(
+            lambda q: (p - half * (metric.kinetic_grad_x(state.cache, q) - state.grad), None), p,
+            convergence_tol=tolerance, max_iters=100)
+        velocity0 = metric.velocity(state.cache, p_half)
+        plain, _, info = solve_fixed_point_iteration(
+            lambda y: (x + half * (velocity0 + metric.velocity_at(y, p_half)), None), x,
+            convergence_tol=tolerance, max_iters=100)
+        return new.x, converged, chord_values, plain, info.success, 1 + info.iters
+
+    rng = np.random.default_rng(4)
+    chord_total = plain_total = 0
+    for _ in range(20):  # typical funnel points: v ~ N(0, 9), x_i | v ~ N(0, e^v)
+        v = 3.0 * rng.normal()
+        x = jnp.asarray(np.r_[v, np.exp(v / 2) * rng.normal(size=9)])
+        p = metric.sample_momentum(metric.at(x), jax.random.key(int(rng.integers(1 << 30))))
+        x_chord, converged, chord_values, x_plain, plain_converged, plain_values = both(x, p)
+        assert bool(converged) and bool(plain_converged)
+        np.testing.assert_allclose(x_chord, x_plain, atol=1e-7)
+        chord_total, plain_total = chord_total + int(chord_values), plain_total + int(plain_values)
+    assert chord_total < 0.75 * plain_total, (chord_total, plain_total)
 
 
 def test_a_failed_fixed_point_solve_rejects_the_proposal():
