@@ -123,8 +123,8 @@ def generalized_leapfrog_step(metric, logdensity_and_grad, step_size, tolerance,
 
         def correct(r):
             # ~ (I - half J)^{-1} r to second order, J = d(G^{-1} p')/dx at the old x (from the cache).
-            first = half * metric.velocity_derivative(state.cache, p_half, r)
-            return r + first + half * metric.velocity_derivative(state.cache, p_half, first)
+            first = half * metric.velocity_derivative(state.cache, velocity0, r)
+            return r + first + half * metric.velocity_derivative(state.cache, velocity0, first)
 
         def position_map(y):
             # A chord (simplified Newton) step for y = x + eps/2 (G(x)^-1 p' + G(y)^-1 p'): the same
@@ -136,7 +136,7 @@ def generalized_leapfrog_step(metric, logdensity_and_grad, step_size, tolerance,
         # Start from the explicit step x + eps G(x)^-1 p' corrected to second order in eps by the
         # cached derivative: the plain map's value at x is known without a metric evaluation.
         explicit = step_size * velocity0
-        start = state.x + explicit + half * metric.velocity_derivative(state.cache, p_half, explicit)
+        start = state.x + explicit + half * metric.velocity_derivative(state.cache, velocity0, explicit)
         x_new, _, info_x = solve_fixed_point_iteration(
             position_map, start, convergence_tol=tolerance, max_iters=max_iterations - 1)
         cache = metric.at(x_new)

@@ -124,6 +124,34 @@ def leapfrog(evaluate, geom, p, eps, steps, tol=1e-12):
     return geom, p
 
 
+def test_position_solve_uses_the_cached_derivative_and_finds_the_plain_solution(funnel_evaluate):
+    geom, p = start_point(funnel_evaluate, 4)
+    direction, h = np.linspace(-1.0, 1.0, FUNNEL_DIM), 1e-6
+    numeric = (_riemann.velocity(funnel_evaluate(geom.position + h * direction), p)
+               - _riemann.velocity(funnel_evaluate(geom.position - h * direction), p)) / (2 * h)
+    np.testing.assert_allclose(_riemann.velocity_derivative(geom, _riemann.velocity(geom, p), direction), numeric, rtol=1e-5, atol=1e-7)
+    chord_total = plain_total = 0
+    for seed in range(5, 15):
+        geom, p = start_point(funnel_evaluate, seed)
+        result = _riemann.generalized_leapfrog(funnel_evaluate, geom, p, 0.2, 1e-10, 100)
+        # the plain iteration x' <- x + eps/2 (G(x)^-1 + G(x')^-1) p' from x, with the same p'
+        p_half = p - 0.1 * _riemann.position_force(geom, p)
+        for _ in range(200):
+            p_half = p - 0.1 * _riemann.position_force(geom, p_half)
+        guess, plain_evaluations = geom.position, 0
+        for _ in range(100):
+            plain_evaluations += 1
+            update = geom.position + 0.1 * (_riemann.velocity(geom, p_half)
+                                            + _riemann.velocity(funnel_evaluate(guess), p_half))
+            if np.max(np.abs(update - guess)) < 1e-12:
+                break
+            guess = update
+        assert result.converged
+        np.testing.assert_allclose(result.geometry.position, guess, atol=1e-8)
+        chord_total, plain_total = chord_total + result.num_evaluations, plain_total + plain_evaluations
+    assert chord_total < 0.75 * plain_total, (chord_total, plain_total)
+
+
 def test_generalized_leapfrog_is_reversible(funnel_evaluate):
     geom, p = start_point(funnel_evaluate, 2)
     end, q = leapfrog(funnel_evaluate, geom, p, 0.1, 10)
