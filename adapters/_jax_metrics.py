@@ -59,7 +59,8 @@ class RiemannianMetric(NamedTuple):
     velocity_at(x, p)               G(x)^{-1} p without derivatives (the position solve)
     matrix(x)                       G(x)
     velocity_derivative(cache, u, r)  d/dt G(x + t r)^{-1} p at t = 0 for u = G(x)^{-1} p, i.e.
-                                    -G^{-1} (sum_k r_k dG/dx_k) u, from the cache (the position solve's chord step)
+                                    -G^{-1} (sum_k r_k dG/dx_k) u, from the cache (the position solve's chord
+                                    step), or None: the solve is then plain fixed-point iteration
     """
 
     at: Callable
@@ -123,19 +124,17 @@ class FisherLogisticMetric:
             leverage = jnp.sum((design @ inverse) * design, axis=1)  # X_n G^{-1} X_n^T (a matmul: XLA's
             # triangular solve with 500 right-hand sides was 35x slower on CPU)
             slope = weights * (1.0 - 2.0 * s)
-            return {"chol": chol, "inverse": inverse, "slope": slope, "trace": 0.5 * design.T @ (leverage * slope)}
+            return {"chol": chol, "slope": slope, "trace": 0.5 * design.T @ (leverage * slope)}
 
         def kinetic_grad_x(cache, p):
             design = jnp.asarray(self.X, p.dtype)
             projected = design @ jax.scipy.linalg.cho_solve((cache["chol"], True), p)
             return cache["trace"] - 0.5 * design.T @ (projected**2 * cache["slope"])
 
-        def velocity_derivative(cache, u, r):
-            # sum_k r_k dG/dbeta_k = X^T diag(slope * X r) X: O(N d), no (d, d, d) tensor.
-            design = jnp.asarray(self.X, u.dtype)
-            return -cache["inverse"] @ (design.T @ (cache["slope"] * (design @ r) * (design @ u)))
-
-        return generic._replace(at=at, kinetic_grad_x=kinetic_grad_x, velocity_derivative=velocity_derivative)
+        # No chord step in the position solve (velocity_derivative=None): its directional derivative
+        # costs O(N d) passes over the data, about what the metric values it saves cost (measured:
+        # same time per step, fewer units; BENCHMARKS.md), and plain iteration keeps the draws as before.
+        return generic._replace(at=at, kinetic_grad_x=kinetic_grad_x, velocity_derivative=None)
 
 
 def fisher_logistic_metric(X, prior_variance: float = 100.0) -> FisherLogisticMetric:

@@ -100,12 +100,15 @@ def test_metric_gradients_match_autodiff_and_blackjax_kinetic_energy(kind):
         return metric.kinetic_energy(metric.at(y), q)
 
     direction = jnp.array([-0.4, 0.9, 1.1])
+    # The Fisher helper's position solve is plain iteration (no chord step, so no derivative).
+    assert (metric.velocity_derivative is None) == (kind == "fisher")
+    velocity_derivative = metric.velocity_derivative or (lambda cache, u, r: jnp.zeros_like(u))
 
     @jax.jit
     def compare(x, p):
         cache = metric.at(x)
         ours = (metric.kinetic_grad_x(cache, p), metric.velocity(cache, p), metric.velocity_at(x, p),
-                metric.velocity_derivative(cache, metric.velocity(cache, p), direction))
+                velocity_derivative(cache, metric.velocity(cache, p), direction))
         blackjax_energy = bj_metrics.gaussian_riemannian(metric.matrix).kinetic_energy(p, position=x)
         auto_derivative = jax.jvp(lambda y: metric.velocity_at(y, p), (x,), (direction,))[1]
         return (ours, jax.grad(kinetic, argnums=(0, 1))(x, p), kinetic(x, p), blackjax_energy, metric.matrix(x),
@@ -114,7 +117,8 @@ def test_metric_gradients_match_autodiff_and_blackjax_kinetic_energy(kind):
     (grad_x, velocity, velocity_at, derivative), (auto_x, auto_p), energy, blackjax_energy, matrix, auto_derivative = (
         compare(x, p))
     np.testing.assert_allclose(grad_x, auto_x, rtol=1e-9, atol=1e-10)
-    np.testing.assert_allclose(derivative, auto_derivative, rtol=1e-9, atol=1e-10)
+    if kind != "fisher":
+        np.testing.assert_allclose(derivative, auto_derivative, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(velocity, auto_p, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(velocity_at, auto_p, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(energy, blackjax_energy, rtol=1e-12)
