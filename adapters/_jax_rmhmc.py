@@ -36,7 +36,8 @@ and one per metric evaluation.  A transition of ``n`` steps costs
 ``1 + sum_s (c_s + 2)``: the metric with derivatives at the start, then per
 step ``c_s`` metric values in the position solve (1 + its iterations), the
 metric with derivatives and the gradient at the new position.  The momentum
-solve reuses the cached metric (O(d^3) contractions, counted as zero).  A
+solve and the chord corrections reuse the cached metric (O(d^3)
+contractions, counted as zero).  A
 metric evaluation costs far more than a gradient for SoftAbs (a Hessian,
 the third-derivative tensor -- O(d) Hessians -- and an O(d^3)
 eigen-decomposition), so compare such runs by time as well.
