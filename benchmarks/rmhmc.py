@@ -428,15 +428,15 @@ def cost_markdown(cost: dict[str, Any], command: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in cost["rows"]:
-        extra = {k: (f"{r[k]:.1f}" if k.endswith("units") else f"{r[k]:.2f}") if k in r else "-"
-                 for k in ("softabs_funnel_units", "softabs_funnel_converged", "fisher_logistic_units",
-                           "fisher_logistic_converged")}
+        def cell(key, spec, r=r):  # files written before the units and converged columns lack them
+            return format(r[key], spec) if key in r else "-"
+
         lines.append(
             f"| {r['dim']} | {1e6 * r['hmc_funnel_s']:.0f} | {1e6 * r['softabs_funnel_s']:.0f} "
-            f"| {r['softabs_funnel_s'] / r['hmc_funnel_s']:.0f} | {extra['softabs_funnel_units']} "
-            f"| {extra['softabs_funnel_converged']} | {1e6 * r['hmc_logistic_s']:.0f} "
+            f"| {r['softabs_funnel_s'] / r['hmc_funnel_s']:.0f} | {cell('softabs_funnel_units', '.1f')} "
+            f"| {cell('softabs_funnel_converged', '.2f')} | {1e6 * r['hmc_logistic_s']:.0f} "
             f"| {1e6 * r['fisher_logistic_s']:.0f} | {r['fisher_logistic_s'] / r['hmc_logistic_s']:.0f} "
-            f"| {extra['fisher_logistic_units']} | {extra['fisher_logistic_converged']} |"
+            f"| {cell('fisher_logistic_units', '.1f')} | {cell('fisher_logistic_converged', '.2f')} |"
         )
     return "\n".join(lines)
 

@@ -129,7 +129,8 @@ def test_position_solve_uses_the_cached_derivative_and_finds_the_plain_solution(
     direction, h = np.linspace(-1.0, 1.0, FUNNEL_DIM), 1e-6
     numeric = (_riemann.velocity(funnel_evaluate(geom.position + h * direction), p)
                - _riemann.velocity(funnel_evaluate(geom.position - h * direction), p)) / (2 * h)
-    np.testing.assert_allclose(_riemann.velocity_derivative(geom, _riemann.velocity(geom, p), direction), numeric, rtol=1e-5, atol=1e-7)
+    derivative = _riemann.velocity_derivative(geom, _riemann.velocity(geom, p), direction)
+    np.testing.assert_allclose(derivative, numeric, rtol=1e-5, atol=1e-7)
     chord_total = plain_total = 0
     for seed in range(5, 15):
         geom, p = start_point(funnel_evaluate, seed)
