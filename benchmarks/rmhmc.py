@@ -27,7 +27,9 @@ Samplers (4 chains, the same starting points, ``init + Uniform(-2, 2)``):
   proposal was accepted on pima in a first quick run), which would measure
   the start rather than the step size.
 * ``blackjax_nuts`` (funnel only): ``benchmarks.samplers.run_blackjax_nuts``
-  (window adaptation, diagonal mass matrix).
+  (window adaptation, diagonal mass matrix), chains ``vmap``-ed as BlackJAX's examples run
+  them; ``blackjax_nuts_sequential``: the same with the chains one after another, as ARMHMC
+  and the hand-set RMHMC run theirs (a chain then never waits for another's longer trajectory).
 
 Cost: one unit per log-density gradient and one per metric evaluation
 (``EngineInfo.num_gradient_evals``; see ``ahmc.adapters._jax_rmhmc``); NUTS:
@@ -54,7 +56,7 @@ import numpy as np
 from .metrics import CompileClock, summarize
 from .models import Model, get_model, initial_positions, load_breast_cancer, load_pima, load_ripley, standardize
 from .run import environment
-from .samplers import SamplerRun, _as_float_list, _block, _timing, run_blackjax_nuts
+from .samplers import SamplerRun, _as_float_list, _block, _map_over_chains, _timing, run_blackjax_nuts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGISTIC = {"pima": load_pima, "ripley": load_ripley, "breast_cancer": load_breast_cancer}
@@ -166,13 +168,15 @@ def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, 
     warm_key, sample_key = jax.random.split(rng_key)
     num_chains = positions.shape[0]
     clock = CompileClock()
-    batched = jax.vmap(run, in_axes=(0, 0, None))
+    # Chains one after another, as ARMHMC runs them (its engine's sequential_chains): vmap-ed, every
+    # chain would wait for the slowest implicit solve.
     with clock.phase("warmup"):
         args = (jax.random.split(warm_key, num_chains), jnp.asarray(positions))
-        compiled = jax.jit(batched, static_argnums=2).lower(*args, num_warmup).compile()
+        warm = _map_over_chains(lambda key, position: run(key, position, num_warmup))
+        compiled = jax.jit(warm).lower(*args).compile()
         states, (_, units_w, div_w, _, _) = _block(compiled(*args))
     with clock.phase("sampling"):
-        sample_one = jax.vmap(lambda key, state: run(key, state.position, num_samples))  # from burn-in's end
+        sample_one = _map_over_chains(lambda key, state: run(key, state.position, num_samples))  # from burn-in's end
         args = (jax.random.split(sample_key, num_chains), states)
         compiled = jax.jit(sample_one).lower(*args).compile()
         _, (draws, units_s, div_s, accept, converged) = _block(compiled(*args))
@@ -193,6 +197,15 @@ def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, 
 def _nuts(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     del metric
     return run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, **options)
+
+
+def _nuts_sequential(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+    """BlackJAX NUTS with the chains run one after another, as ARMHMC runs its chains: vmap-ed, every
+    chain of an iteration waits for the deepest tree (on the funnel the neck's chains build far longer
+    trees than the mouth's)."""
+    del metric
+    return run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples,
+                             **{"chain_method": "sequential", **options})
 
 
 def _fixed(step_size, num_steps, jitter):
@@ -268,11 +281,11 @@ def runner(name: str):
 
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
             "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "armhmc_fisher": _armhmc_fisher,
-            "blackjax_nuts": _nuts,
+            "blackjax_nuts": _nuts, "blackjax_nuts_sequential": _nuts_sequential,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
 PLAN = {"pima": LOGISTIC_PLAN, "ripley": LOGISTIC_PLAN, "breast_cancer": LOGISTIC_PLAN,
-        "funnel": ("armhmc", "armhmc_fisher", "blackjax_nuts")}
+        "funnel": ("armhmc", "armhmc_fisher", "blackjax_nuts", "blackjax_nuts_sequential")}
 
 
 def funnel_features(draws: np.ndarray) -> np.ndarray:

@@ -270,6 +270,25 @@ def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler):
         assert out.extra["restarts"] == [0.0, 0.0]
 
 
+def test_nuts_with_chains_one_after_another_draws_what_vectorized_nuts_draws():
+    """chain_method="sequential" (NumPyro's CPU default, and the benchmark's for NumPyro's NUTS) changes the
+    loop, not the draws; NumPyro's sampling phase is then timed by a compiled re-run over the chains, which
+    must reproduce MCMC.run's draws."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("numpyro")
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, 0)
+    with jax.enable_x64(True):  # the benchmark's precision (float32 rounding can move BlackJAX's warm-up apart)
+        for sampler in ("blackjax_nuts", "numpyro_nuts"):
+            vectorized = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40, chain_method="vectorized")
+            sequential = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40, chain_method="sequential")
+            np.testing.assert_allclose(sequential.draws, vectorized.draws, rtol=1e-7, atol=1e-9)
+    assert sequential.timing["sampling_timed_by"] == "aot_rerun" and sequential.extra["chain_method"] == "sequential"
+    assert run.SAMPLERS["numpyro_nuts"](jax.random.key(1), model, positions, 5, 5).extra["chain_method"] == "sequential"
+    with pytest.raises(ValueError, match="chain_method"):
+        run.SAMPLERS["blackjax_nuts"](jax.random.key(1), model, positions, 5, 5, chain_method="parallel")
+
+
 @pytest.mark.slow  # a 400-iteration warm-up, ~15 s
 def test_ahmc_numpyro_runner_records_warmup_restarts():
     """The NumPyro runner counts lost chains restarted in warm-up per chain, as the BlackJAX runner does."""
