@@ -310,6 +310,36 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
 # --------------------------------------------------------------------------- #
 
 
+def run_engine_phases(engine, rng_key, positions, num_warmup, num_samples):
+    """Warm-up scan, then ``scan_draws``, as ``ahmc.adapters._jax_engine.sample`` runs them (same keys,
+    same draws), each compiled ahead of time inside its phase and timed as the call of the executable.
+
+    Returns ``(clock, final state, info, draws)``: ``info`` fields ``(num_warmup + num_samples, chains)``,
+    warm-up first; ``draws`` ``(chains, num_samples, dim)``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from ahmc.adapters import _jax_engine
+
+    init_key, warm_key, sample_key = jax.random.split(rng_key, 3)  # the split ``_jax_engine.sample`` makes
+    scan = jax.jit(_jax_engine._scan_impl, static_argnums=(0, 3, 4))
+    clock = CompileClock()
+    with clock.phase("warmup"):
+        with clock.executing():  # the chains' initial checks (net of the compile events inside)
+            state = _block(engine.init(jnp.asarray(positions), init_key))
+        warm = scan.lower(engine.step, warm_key, state, num_warmup, False).compile()
+        state, warm_info = clock.execute(warm, warm_key, state)
+    with clock.phase("sampling"):
+        draw = jax.jit(engine.scan_draws, static_argnums=(2, 3)).lower(
+            sample_key, state, num_samples, num_warmup).compile()
+        state, (samples, sample_info) = clock.execute(draw, sample_key, state)
+    info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
+    num_chains = positions.shape[0]
+    draws = np.swapaxes(np.asarray(samples), 0, 1).reshape(num_chains, num_samples, -1)
+    return clock, state, info, draws
+
+
 def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
     """ahmc's adaptive HMC as ``ahmc.adapters.blackjax.run_chains`` runs it (pooled tuner by default).
 
@@ -326,31 +356,14 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
     exactly as ``sample`` runs them (same keys, same draws), each compiled ahead of time
     inside its phase, so the warm-up and sampling times are measured, not
     apportioned, and only the calls of the compiled executables count as run
-    time (``CompileClock.executing``).
+    time (``CompileClock.executing``; :func:`run_engine_phases`).
     """
-    import jax
-    import jax.numpy as jnp
-
     from ahmc.adapters import _jax_engine
     from ahmc.adapters.blackjax import _options
 
     resolved = _options(bool(options.pop("paper_preset", False)), dict(options))
     engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, **resolved)
-    init_key, warm_key, sample_key = jax.random.split(rng_key, 3)  # the split ``_jax_engine.sample`` makes
-    scan = jax.jit(_jax_engine._scan_impl, static_argnums=(0, 3, 4))
-    clock = CompileClock()
-    with clock.phase("warmup"):
-        with clock.executing():  # the chains' initial checks (net of the compile events inside)
-            state = _block(engine.init(jnp.asarray(positions), init_key))
-        warm = scan.lower(engine.step, warm_key, state, num_warmup, False).compile()
-        state, warm_info = clock.execute(warm, warm_key, state)
-    with clock.phase("sampling"):
-        draw = jax.jit(engine.scan_draws, static_argnums=(2, 3)).lower(
-            sample_key, state, num_samples, num_warmup).compile()
-        state, (samples, sample_info) = clock.execute(draw, sample_key, state)
-    info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
-    num_chains = positions.shape[0]
-    draws = np.swapaxes(np.asarray(samples), 0, 1).reshape(num_chains, num_samples, -1)
+    clock, state, info, draws = run_engine_phases(engine, rng_key, positions, num_warmup, num_samples)
     steps = np.asarray(info.num_integration_steps)
     divergent = np.asarray(info.is_divergent)
     if getattr(info, "is_warmup", None) is not None:
@@ -799,8 +812,8 @@ def run_armhmc(rng_key, model, positions, num_warmup, num_samples, **options) ->
     The logistic regressions get the expected Fisher information plus the prior precision
     (constant in the position's scale, not in the position: it depends on it through the
     fitted probabilities).  Cost unit: one per log-density gradient and one per metric
-    evaluation, counted as gradients.  Warm-up and sampling run in one call, so the
-    sampling time is apportioned by cost units (marked estimated).
+    evaluation, counted as gradients.  Warm-up and sampling are timed apart
+    (:func:`run_engine_phases`).
     """
     from .rmhmc import metric_for
     from .rmhmc import run_armhmc as run_with_metric
