@@ -109,8 +109,9 @@ class AdaptiveHMC(MCMCKernel):
         chain's position; a chain still lost or stuck at the end of warm-up
         gets a ``UserWarning``.
         ``sequential_chains`` (vectorized chains): their transitions run one after another inside the
-        compiled step instead of ``vmap``-ed; :class:`AdaptiveRMHMC`'s default (its implicit solves
-        take a different number of iterations on each chain, and ``vmap``-ed chains wait for the slowest).
+        compiled step instead of ``vmap``-ed; :class:`AdaptiveRMHMC`'s default with SoftAbs (its
+        implicit solves take a different number of iterations on each chain, and ``vmap``-ed chains
+        wait for the slowest).
 
     Examples
     --------

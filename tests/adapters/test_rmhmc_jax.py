@@ -275,14 +275,16 @@ def test_chains_one_after_another_draw_what_vmapped_chains_draw():
     np.testing.assert_array_equal(info_seq.num_gradient_evals, info_vmap.num_gradient_evals)
     assert np.any(np.ptp(np.asarray(info_seq.num_gradient_evals), axis=1) > 0)  # chains' costs differ (why it matters)
     assert np.ptp(np.asarray(one_by_one)[:, -1, 0]) > 0.1  # the chains are not copies of one another
-    # The default takes the sequential loop (a lax.map, i.e. a scan over the chains, in the step's program).
-    programs = {}
-    for flag in (None, True, False):
-        options = {} if flag is None else {"sequential_chains": flag}
-        engine = build_rmhmc_engine(logp, num_warmup=10, **options)
+    # SoftAbs's default takes the sequential loop (a lax.map, i.e. a scan over the chains, in the step's
+    # program); a user's callable metric keeps vmap.
+    def program(metric, **options):
+        engine = build_rmhmc_engine(logp, num_warmup=10, metric=metric, **options)
         state = engine.init(starts(4, 3), jax.random.key(0))
-        programs[flag] = str(jax.make_jaxpr(engine.step)(jax.random.key(1), state))
-    assert programs[None] == programs[True] != programs[False]
+        return str(jax.make_jaxpr(engine.step)(jax.random.key(1), state))
+
+    assert program("softabs") == program("softabs", sequential_chains=True) != program("softabs", sequential_chains=False)
+    callable_metric = lambda x: jnp.diag(1.0 + x**2)  # noqa: E731
+    assert program(callable_metric) == program(callable_metric, sequential_chains=False)
 
 
 # --------------------------------------------------------------------------- #
