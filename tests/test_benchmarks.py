@@ -270,7 +270,9 @@ def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler):
         assert out.extra["restarts"] == [0.0, 0.0]
 
 
-def test_nuts_with_chains_one_after_another_draws_what_vectorized_nuts_draws():
+@pytest.mark.slow  # four NUTS runs and a re-run in 64-bit (~20 s); kept out of the default run while the
+# worker crashes inside XLA's compiler seen on 2026-11-28 are unexplained (tests/conftest.py)
+def test_nuts_with_chains_one_after_another_draws_what_vectorized_nuts_draws(jax_x64):
     """chain_method="sequential" (NumPyro's CPU default, and the benchmark's for NumPyro's NUTS) changes the
     loop, not the draws; NumPyro's sampling phase is then timed by a compiled re-run over the chains, which
     must reproduce MCMC.run's draws."""
@@ -278,11 +280,11 @@ def test_nuts_with_chains_one_after_another_draws_what_vectorized_nuts_draws():
     pytest.importorskip("numpyro")
     model = models.get_model("corr_gauss_2")
     positions = models.initial_positions(model, 2, 0)
-    with jax.enable_x64(True):  # the benchmark's precision (float32 rounding can move BlackJAX's warm-up apart)
-        for sampler in ("blackjax_nuts", "numpyro_nuts"):
-            vectorized = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40, chain_method="vectorized")
-            sequential = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40, chain_method="sequential")
-            np.testing.assert_allclose(sequential.draws, vectorized.draws, rtol=1e-7, atol=1e-9)
+    # jax_x64: the benchmark's precision (float32 rounding can move BlackJAX's warm-up apart)
+    for sampler in ("blackjax_nuts", "numpyro_nuts"):
+        vectorized = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40, chain_method="vectorized")
+        sequential = run.SAMPLERS[sampler](jax.random.key(1), model, positions, 50, 40, chain_method="sequential")
+        np.testing.assert_allclose(sequential.draws, vectorized.draws, rtol=1e-7, atol=1e-9)
     assert sequential.timing["sampling_timed_by"] == "aot_rerun" and sequential.extra["chain_method"] == "sequential"
     assert run.SAMPLERS["numpyro_nuts"](jax.random.key(1), model, positions, 5, 5).extra["chain_method"] == "sequential"
     with pytest.raises(ValueError, match="chain_method"):
