@@ -336,6 +336,7 @@ def build_engine(
     super_transitions: int | None = None,
     shared_num_steps: bool = True,
     min_steps_fraction: float = 0.0,
+    sequential_chains: bool = False,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
 
@@ -459,6 +460,15 @@ def build_engine(
         sequence of step counts they are, and each chain's kernel leaves the
         target invariant, so the chains' errors stay uncorrelated.  ``False``
         gives each chain its own draw (the paper's setting).
+    sequential_chains
+        Run the chains' transitions one after another inside the compiled
+        iteration (``jax.lax.map``) instead of side by side (``jax.vmap``, the
+        default).  The draws are the same up to rounding.  For kernels whose
+        cost varies from chain to chain, e.g. RMHMC's implicit solves
+        (:func:`ahmc.adapters._jax_rmhmc.build_rmhmc_engine` turns it on): a
+        ``vmap``-ed loop runs until the slowest chain is done, so every chain
+        pays for the slowest solve (and for a failed one's whole iteration
+        cap).  Plain HMC's vmapped gradients are cheaper, so it stays off there.
     min_steps_fraction
         Lower end of the leapfrog-count jitter: ``L_t ~ U{max(1, ceil(f L))..L}``.
         ``0`` (default) is the paper's ``U{1..L}``; ``0.5`` draws from the upper half
@@ -816,8 +826,11 @@ def build_engine(
         metric = (carried_metric(state.inverse_mass_matrix, state.whitening) if dense and kernel is None
                   else state.inverse_mass_matrix)
         keys = jax.random.split(key_hmc, num_chains)
-        new, hmc_info, num_taken = jax.vmap(transition)(
-            keys, state.position, state.logdensity, state.logdensity_grad, eps, max_steps, *data_args)
+        chain_args = (keys, state.position, state.logdensity, state.logdensity_grad, eps, max_steps, *data_args)
+        if sequential_chains:
+            new, hmc_info, num_taken = jax.lax.map(lambda args: transition(*args), chain_args)
+        else:
+            new, hmc_info, num_taken = jax.vmap(transition)(*chain_args)
 
         accept = jnp.nan_to_num(hmc_info.acceptance_rate, nan=0.0).astype(dtype)
         # Per-chain window sums for the chain checks and the end-of-warm-up warning.

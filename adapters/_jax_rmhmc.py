@@ -318,11 +318,18 @@ def build_rmhmc_engine(
     ``ceil(max_integration_time / eps*)`` (:func:`default_max_integration_time`: 2 pi for
     ``fisher_logistic_metric``, else 4 pi), unless ``step_size_bounds``/``num_steps_bounds``
     are given.  The reward is the normalized ESJD of the flat unconstrained position,
-    unwhitened, as the paper measures it.  ``options``: every other knob of ``build_engine``.
+    unwhitened, as the paper measures it.  The chains' transitions run one after another
+    (``sequential_chains=True``) with SoftAbs, ``vmap``-ed with any other metric.  ``options``: every other knob of ``build_engine``.
     """
     validate_rmhmc_options(options)
     if not isinstance(metric, ConstantMetric):  # each step costs a metric evaluation: the former cap
         options.setdefault("num_steps_cap", RMHMC_NUM_STEPS_CAP)
+        # The implicit solves take a different number of iterations on each chain; vmap-ed chains all
+        # wait for the slowest. That dominates for SoftAbs (an eigen-decomposition per metric value:
+        # 1.4-1.8x less time per unit on the funnel one after another). Cheaper metrics gain as much
+        # from vmap's batching (the funnel's diagonal metric 1.5x faster vmap-ed; the Fisher helper
+        # 0.6x-1.3x; BENCHMARKS.md, "Chains one after another"), so they stay vmap-ed.
+        options.setdefault("sequential_chains", isinstance(metric, str))
     options.setdefault("max_integration_time", default_max_integration_time(metric))
     kernel = transition_kernel(
         metric, softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,

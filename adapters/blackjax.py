@@ -38,7 +38,10 @@ so the vectorized integrator wastes no gradients; False: each chain draws its ow
 ``freeze_after``, ``target_acceptance_rate``,
 GP settings (``capacity``, ``lengthscale``, ``noise_variance``, ``alpha``,
 ``delta``), ``integrator``, ``divergence_threshold``, ``restart_lost_chains``
-(warm-up restarts a chain lost far below the others; 3+ chains).  ``paper_preset=True``
+(warm-up restarts a chain lost far below the others; 3+ chains), ``sequential_chains`` (the chains'
+transitions one after another in the compiled step instead of ``vmap``-ed; the RMHMC variants' default
+with SoftAbs, whose implicit solves take a different number of iterations on each chain at the cost
+of an eigen-decomposition each).  ``paper_preset=True``
 selects Algorithm 2 as published (identity mass matrix, GP from the first
 round, linear step-size grid, ``k = 100``, no divergence penalty, ``U{1..L}`` drawn per chain; requires the
 two bounds).

@@ -108,6 +108,10 @@ class AdaptiveHMC(MCMCKernel):
         warm-up restarts a chain lost far below the others from another
         chain's position; a chain still lost or stuck at the end of warm-up
         gets a ``UserWarning``.
+        ``sequential_chains`` (vectorized chains): their transitions run one after another inside the
+        compiled step instead of ``vmap``-ed; :class:`AdaptiveRMHMC`'s default with SoftAbs (its
+        implicit solves take a different number of iterations on each chain, and ``vmap``-ed chains
+        wait for the slowest).
 
     Examples
     --------

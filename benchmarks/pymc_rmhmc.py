@@ -142,7 +142,7 @@ def pima_model_and_metric():
 
 
 def markdown(result):
-    lines = [f"# AdaptiveRMHMC in PyMC: cost and efficiency", "",
+    lines = ["# AdaptiveRMHMC in PyMC: cost and efficiency", "",
              f"`{result['command']}` -- {result['date']}, {result['machine']}; PyMC {result['pymc']}. "
              f"Total {result['total_minutes']:.1f} min. 2 CPU cores shared with other jobs: times are noisy.", "",
              "## Cost against the dimension (funnel, SoftAbs metric)", "",

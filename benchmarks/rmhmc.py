@@ -27,13 +27,15 @@ Samplers (4 chains, the same starting points, ``init + Uniform(-2, 2)``):
   proposal was accepted on pima in a first quick run), which would measure
   the start rather than the step size.
 * ``blackjax_nuts`` (funnel only): ``benchmarks.samplers.run_blackjax_nuts``
-  (window adaptation, diagonal mass matrix).
+  (window adaptation, diagonal mass matrix), chains ``vmap``-ed as BlackJAX's examples run
+  them; ``blackjax_nuts_sequential``: the same with the chains one after another, as ARMHMC
+  and the hand-set RMHMC run theirs (a chain then never waits for another's longer trajectory).
 
 Cost: one unit per log-density gradient and one per metric evaluation
 (``EngineInfo.num_gradient_evals``; see ``ahmc.adapters._jax_rmhmc``); NUTS:
 one unit per leapfrog step.  ESS per unit and per second of the sampling
-phase (compilation excluded), minimum over coordinates.  For ``armhmc`` the
-sampling time is apportioned from one timed call by the units of each phase.
+phase (compilation excluded), minimum over coordinates.  Every sampler's phases are
+compiled ahead of time and timed as the calls of the compiled programs.
 
     ./dev run python -m benchmarks.rmhmc [--quick] [--models pima,funnel]
 """
@@ -54,7 +56,8 @@ import numpy as np
 from .metrics import CompileClock, summarize
 from .models import Model, get_model, initial_positions, load_breast_cancer, load_pima, load_ripley, standardize
 from .run import environment
-from .samplers import SamplerRun, _as_float_list, _block, _timing, run_blackjax_nuts
+from .samplers import (SamplerRun, _as_float_list, _map_over_chains, _timing, run_blackjax_nuts,
+                       run_engine_phases)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGISTIC = {"pima": load_pima, "ripley": load_ripley, "breast_cancer": load_breast_cancer}
@@ -107,24 +110,23 @@ def _split(info_field, is_warmup):
 
 
 def run_armhmc(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
-    import jax.numpy as jnp
+    """ARMHMC as ``ahmc.adapters.blackjax.run_rmhmc_chains`` runs it (same keys, same draws), with the
+    warm-up and the sampling phase each compiled ahead of time and timed apart (``run_engine_phases``;
+    until 2026-11-28 one timed call was apportioned to the phases by their cost units)."""
+    from ahmc.adapters._jax_rmhmc import build_rmhmc_engine
+    from ahmc.adapters.blackjax import _options
 
-    from ahmc.adapters.blackjax import run_rmhmc_chains
-
-    clock = CompileClock()
-    with clock.phase("run"):
-        samples, info = _block(run_rmhmc_chains(rng_key, model.logdensity_fn, jnp.asarray(positions),
-                                                num_warmup, num_samples, metric=metric, **options))
+    engine = build_rmhmc_engine(model.logdensity_fn, num_warmup=num_warmup, metric=metric,
+                                **_options(bool(options.pop("paper_preset", False)), dict(options)))
+    clock, _, info, samples = run_engine_phases(engine, rng_key, positions, num_warmup, num_samples)
     is_warmup = np.asarray(info.is_warmup, dtype=bool)
     units_warmup, units_sampling = _split(info.num_gradient_evals, is_warmup)
     divergent_warmup, divergent_sampling = _split(info.is_divergent, is_warmup)
-    fraction = units_sampling.sum() / (units_warmup.sum() + units_sampling.sum())
-    run_s = clock.run_s["run"]
     sampling = ~is_warmup
     return SamplerRun(
         draws=np.asarray(samples), num_grads_warmup=units_warmup, num_grads_sampling=units_sampling,
         num_divergent_warmup=divergent_warmup, num_divergent_sampling=divergent_sampling,
-        timing=_timing(clock, run_s * (1 - fraction), run_s * fraction, estimated=True),
+        timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
         extra={
             "final_step_size": _as_float_list(np.asarray(info.step_size)[-1]),
             "final_num_steps": _as_float_list(np.asarray(info.num_steps)[-1]),
@@ -166,16 +168,18 @@ def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, 
     warm_key, sample_key = jax.random.split(rng_key)
     num_chains = positions.shape[0]
     clock = CompileClock()
-    batched = jax.vmap(run, in_axes=(0, 0, None))
+    # Chains one after another, as ARMHMC runs them (its engine's sequential_chains): vmap-ed, every
+    # chain would wait for the slowest implicit solve.
     with clock.phase("warmup"):
         args = (jax.random.split(warm_key, num_chains), jnp.asarray(positions))
-        compiled = jax.jit(batched, static_argnums=2).lower(*args, num_warmup).compile()
-        states, (_, units_w, div_w, _, _) = _block(compiled(*args))
+        warm = _map_over_chains(lambda key, position: run(key, position, num_warmup))
+        compiled = jax.jit(warm).lower(*args).compile()
+        states, (_, units_w, div_w, _, _) = clock.execute(compiled, *args)
     with clock.phase("sampling"):
-        sample_one = jax.vmap(lambda key, state: run(key, state.position, num_samples))  # from burn-in's end
+        sample_one = _map_over_chains(lambda key, state: run(key, state.position, num_samples))  # from burn-in's end
         args = (jax.random.split(sample_key, num_chains), states)
         compiled = jax.jit(sample_one).lower(*args).compile()
-        _, (draws, units_s, div_s, accept, converged) = _block(compiled(*args))
+        _, (draws, units_s, div_s, accept, converged) = clock.execute(compiled, *args)
     return SamplerRun(
         draws=np.asarray(draws), num_grads_warmup=np.asarray(units_w).sum(axis=1),
         num_grads_sampling=np.asarray(units_s).sum(axis=1), num_divergent_warmup=np.asarray(div_w).sum(axis=1),
@@ -193,6 +197,15 @@ def run_fixed_rmhmc(rng_key, model, positions, num_warmup, num_samples, metric, 
 def _nuts(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     del metric
     return run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, **options)
+
+
+def _nuts_sequential(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+    """BlackJAX NUTS with the chains run one after another, as ARMHMC runs its chains: vmap-ed, every
+    chain of an iteration waits for the deepest tree (on the funnel the neck's chains build far longer
+    trees than the mouth's)."""
+    del metric
+    return run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples,
+                             **{"chain_method": "sequential", **options})
 
 
 def _fixed(step_size, num_steps, jitter):
@@ -268,11 +281,11 @@ def runner(name: str):
 
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
             "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "armhmc_fisher": _armhmc_fisher,
-            "blackjax_nuts": _nuts,
+            "blackjax_nuts": _nuts, "blackjax_nuts_sequential": _nuts_sequential,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
 PLAN = {"pima": LOGISTIC_PLAN, "ripley": LOGISTIC_PLAN, "breast_cancer": LOGISTIC_PLAN,
-        "funnel": ("armhmc", "armhmc_fisher", "blackjax_nuts")}
+        "funnel": ("armhmc", "armhmc_fisher", "blackjax_nuts", "blackjax_nuts_sequential")}
 
 
 def funnel_features(draws: np.ndarray) -> np.ndarray:

@@ -472,7 +472,9 @@ def markdown_report(results: dict[str, Any]) -> str:
         "Per gradient = per leapfrog step of the sampling phase (paper's ESS/L); 'w/ warm-up' also counts "
         "warm-up gradients. ESS/s uses sampling wall time with compilation (JAX; PyTensor/Numba for the "
         "PyMC samplers) taken out (compile time apart); the PyMC samplers run their chains on one core "
-        "by default. 'vs NUTS' = min ESS/grad over the best NUTS baseline's on that model. "
+        "by default. Chains: NumPyro's NUTS one after another (its default on a one-device CPU, "
+        "unless the run's options say otherwise), BlackJAX's NUTS and the JAX AHMC samplers vmap-ed. "
+        "'vs NUTS' = min ESS/grad over the best NUTS baseline's on that model. "
         "'x^2': min ESS/grad of the squared deviations (x - mean)^2 (variances), and the same ratio "
         "against the best NUTS on that measure; draws that alternate around the mean raise the ESS of x "
         "but not of x^2.",

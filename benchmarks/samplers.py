@@ -101,12 +101,22 @@ def _as_float_list(values) -> list[float]:
 # --------------------------------------------------------------------------- #
 
 
-def run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+def _map_over_chains(fn):
+    """``jax.vmap(fn)``'s signature, run one chain after another (``jax.lax.map``)."""
+    import jax
+
+    return lambda *args: jax.lax.map(lambda chain_args: fn(*chain_args), args)
+
+
+def run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, chain_method="vectorized",
+                      **options) -> SamplerRun:
     """BlackJAX NUTS after ``blackjax.window_adaptation`` (Stan-style windows, diagonal mass matrix).
 
     Each chain adapts on its own (``jax.vmap`` of ``warmup.run`` over chains),
     then the chains sample together (``jax.vmap`` of ``nuts.step`` in a
-    ``lax.scan``).  Both phases are compiled ahead of time
+    ``lax.scan``).  ``chain_method="sequential"`` maps both phases over the chains
+    one after another (``jax.lax.map``) instead: the same draws up to rounding, and
+    no chain waits for another's longer trees.  Both phases are compiled ahead of time
     (``jax.jit(...).lower(...).compile()``) and only the calls of the compiled
     executables count as run time (``CompileClock.executing``).  ``options`` go to ``blackjax.window_adaptation`` (e.g.
     ``target_acceptance_rate``, ``is_mass_matrix_diagonal``).
@@ -140,16 +150,19 @@ def run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, **opti
         _, out = jax.lax.scan(body, state, jax.random.split(key, num_samples))
         return out
 
+    if chain_method not in ("vectorized", "sequential"):
+        raise ValueError(f"chain_method must be 'vectorized' or 'sequential'; got {chain_method!r}")
+    over_chains = jax.vmap if chain_method == "vectorized" else _map_over_chains
     warm_key, sample_key = jax.random.split(rng_key)
     num_chains = positions.shape[0]
     clock = CompileClock()
     with clock.phase("warmup"):
         warm_args = (jax.random.split(warm_key, num_chains), jnp.asarray(positions))
-        warm_compiled = jax.jit(jax.vmap(warm_one)).lower(*warm_args).compile()
+        warm_compiled = jax.jit(over_chains(warm_one)).lower(*warm_args).compile()
         states, parameters, grads_warmup, div_warmup = clock.execute(warm_compiled, *warm_args)
     with clock.phase("sampling"):
         sample_args = (jax.random.split(sample_key, num_chains), states, parameters)
-        sample_compiled = jax.jit(jax.vmap(sample_one)).lower(*sample_args).compile()
+        sample_compiled = jax.jit(over_chains(sample_one)).lower(*sample_args).compile()
         draws, steps, divergent, acceptance = clock.execute(sample_compiled, *sample_args)
     return SamplerRun(
         draws=np.asarray(draws),
@@ -195,8 +208,9 @@ def _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples, chain
         sample_fields = mcmc.get_extra_fields(group_by_chain=True)
     draws = np.asarray(draws).reshape(num_chains, num_samples, -1)
     timing = _timing(clock, clock.run_s["warmup"], clock.run_s["sampling"])
-    if chain_method == "vectorized" and num_chains > 1 and clock.run_s["sampling"] < RETIME_BELOW_S:
-        timing.update(_numpyro_sampling_execution(mcmc, sample_key, num_samples, draws, clock.run_s["sampling"]))
+    if chain_method in ("vectorized", "sequential") and num_chains > 1 and clock.run_s["sampling"] < RETIME_BELOW_S:
+        timing.update(_numpyro_sampling_execution(mcmc, sample_key, num_samples, draws, clock.run_s["sampling"],
+                                                  sequential=chain_method == "sequential"))
     run = SamplerRun(
         draws=draws,
         num_grads_warmup=np.asarray(warm_fields["num_steps"]).sum(axis=1),
@@ -223,7 +237,8 @@ def _same_draws(a: np.ndarray, b: np.ndarray) -> bool:
     return np.asarray(a).shape == np.asarray(b).shape and bool(np.allclose(a, b, rtol=tolerance, atol=tolerance))
 
 
-def _numpyro_sampling_execution(mcmc, sample_key, num_samples: int, draws: np.ndarray, mcmc_run_s: float) -> dict:
+def _numpyro_sampling_execution(mcmc, sample_key, num_samples: int, draws: np.ndarray, mcmc_run_s: float,
+                                sequential: bool = False) -> dict:
     """Time NumPyro's sampling phase as the execution of a compiled executable, as the AOT runners are timed.
 
     ``MCMC.run`` traces and compiles on every call, and the lowering work that
@@ -233,7 +248,9 @@ def _numpyro_sampling_execution(mcmc, sample_key, num_samples: int, draws: np.nd
     ``post_warmup_state``, with the per-chain keys ``MCMC.run`` makes from
     ``sample_key`` -- is compiled ahead of time and its call timed.  It must
     reproduce ``draws`` (to rounding: XLA may fuse the loop differently);
-    otherwise ``MCMC.run``'s time stands and the record says so.
+    otherwise ``MCMC.run``'s time stands and the record says so.  ``sequential``:
+    the chains one after another (``jax.lax.map`` over the chain axis), as
+    ``chain_method="sequential"`` runs them.
     """
     import jax
 
@@ -247,9 +264,12 @@ def _numpyro_sampling_execution(mcmc, sample_key, num_samples: int, draws: np.nd
 
         return jax.lax.scan(body, state, None, length=num_samples)[1]
 
+    def chains_one_by_one(state):  # (chains, draws, ...) -> (draws, chains, ...) as the vectorized loop gives
+        return jax.tree.map(lambda z: jax.numpy.swapaxes(z, 0, 1), jax.lax.map(loop, state))
+
     clock = CompileClock()
     with clock.phase("rerun"):
-        compiled = jax.jit(loop).lower(state).compile()
+        compiled = jax.jit(chains_one_by_one if sequential else loop).lower(state).compile()
         z = clock.execute(compiled, state)
     z = np.swapaxes(np.asarray(z), 0, 1).reshape(draws.shape)
     record = {"sampling_mcmc_run_s": float(mcmc_run_s), "retime_compile_s": float(clock.compile_s["rerun"]),
@@ -264,8 +284,12 @@ def _numpyro_sampling_execution(mcmc, sample_key, num_samples: int, draws: np.nd
 def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
     """NumPyro ``NUTS(potential_fn=-logdensity_fn)`` driven by ``numpyro.infer.MCMC``.
 
-    ``chain_method="vectorized"`` (all chains in one ``vmap``, as for BlackJAX)
-    unless ``options["chain_method"]`` says otherwise; other ``options`` go to
+    ``chain_method="sequential"``, the chains one after another, unless
+    ``options["chain_method"]`` says otherwise: what NumPyro's default
+    (``"parallel"``) does on a CPU with one JAX device, and 1.1-4x cheaper per
+    gradient here than ``"vectorized"`` (one ``vmap``, where every iteration
+    waits for the deepest tree; BENCHMARKS.md, "NUTS with its chains one after
+    another"; the benchmark ran it vectorized until 2026-11-28).  Other ``options`` go to
     ``NUTS`` (e.g. ``target_accept_prob``, ``dense_mass``).  Warm-up runs with
     ``MCMC.warmup(collect_warmup=True)`` so its leapfrog steps can be counted,
     then ``MCMC.run`` continues from the warmed-up state.
@@ -273,7 +297,7 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
     from numpyro.infer import NUTS
 
     options = dict(options)
-    chain_method = options.pop("chain_method", "vectorized")
+    chain_method = options.pop("chain_method", "sequential")
     logdensity_fn = model.logdensity_fn
     kernel = NUTS(potential_fn=lambda x: -logdensity_fn(x), **options)
     run, mcmc, _, _ = _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples, chain_method, ())
@@ -284,6 +308,36 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
 # --------------------------------------------------------------------------- #
 # ahmc through BlackJAX
 # --------------------------------------------------------------------------- #
+
+
+def run_engine_phases(engine, rng_key, positions, num_warmup, num_samples):
+    """Warm-up scan, then ``scan_draws``, as ``ahmc.adapters._jax_engine.sample`` runs them (same keys,
+    same draws), each compiled ahead of time inside its phase and timed as the call of the executable.
+
+    Returns ``(clock, final state, info, draws)``: ``info`` fields ``(num_warmup + num_samples, chains)``,
+    warm-up first; ``draws`` ``(chains, num_samples, dim)``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from ahmc.adapters import _jax_engine
+
+    init_key, warm_key, sample_key = jax.random.split(rng_key, 3)  # the split ``_jax_engine.sample`` makes
+    scan = jax.jit(_jax_engine._scan_impl, static_argnums=(0, 3, 4))
+    clock = CompileClock()
+    with clock.phase("warmup"):
+        with clock.executing():  # the chains' initial checks (net of the compile events inside)
+            state = _block(engine.init(jnp.asarray(positions), init_key))
+        warm = scan.lower(engine.step, warm_key, state, num_warmup, False).compile()
+        state, warm_info = clock.execute(warm, warm_key, state)
+    with clock.phase("sampling"):
+        draw = jax.jit(engine.scan_draws, static_argnums=(2, 3)).lower(
+            sample_key, state, num_samples, num_warmup).compile()
+        state, (samples, sample_info) = clock.execute(draw, sample_key, state)
+    info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
+    num_chains = positions.shape[0]
+    draws = np.swapaxes(np.asarray(samples), 0, 1).reshape(num_chains, num_samples, -1)
+    return clock, state, info, draws
 
 
 def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
@@ -302,31 +356,14 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
     exactly as ``sample`` runs them (same keys, same draws), each compiled ahead of time
     inside its phase, so the warm-up and sampling times are measured, not
     apportioned, and only the calls of the compiled executables count as run
-    time (``CompileClock.executing``).
+    time (``CompileClock.executing``; :func:`run_engine_phases`).
     """
-    import jax
-    import jax.numpy as jnp
-
     from ahmc.adapters import _jax_engine
     from ahmc.adapters.blackjax import _options
 
     resolved = _options(bool(options.pop("paper_preset", False)), dict(options))
     engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, **resolved)
-    init_key, warm_key, sample_key = jax.random.split(rng_key, 3)  # the split ``_jax_engine.sample`` makes
-    scan = jax.jit(_jax_engine._scan_impl, static_argnums=(0, 3, 4))
-    clock = CompileClock()
-    with clock.phase("warmup"):
-        with clock.executing():  # the chains' initial checks (net of the compile events inside)
-            state = _block(engine.init(jnp.asarray(positions), init_key))
-        warm = scan.lower(engine.step, warm_key, state, num_warmup, False).compile()
-        state, warm_info = clock.execute(warm, warm_key, state)
-    with clock.phase("sampling"):
-        draw = jax.jit(engine.scan_draws, static_argnums=(2, 3)).lower(
-            sample_key, state, num_samples, num_warmup).compile()
-        state, (samples, sample_info) = clock.execute(draw, sample_key, state)
-    info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
-    num_chains = positions.shape[0]
-    draws = np.swapaxes(np.asarray(samples), 0, 1).reshape(num_chains, num_samples, -1)
+    clock, state, info, draws = run_engine_phases(engine, rng_key, positions, num_warmup, num_samples)
     steps = np.asarray(info.num_integration_steps)
     divergent = np.asarray(info.is_divergent)
     if getattr(info, "is_warmup", None) is not None:
@@ -775,8 +812,8 @@ def run_armhmc(rng_key, model, positions, num_warmup, num_samples, **options) ->
     The logistic regressions get the expected Fisher information plus the prior precision
     (constant in the position's scale, not in the position: it depends on it through the
     fitted probabilities).  Cost unit: one per log-density gradient and one per metric
-    evaluation, counted as gradients.  Warm-up and sampling run in one call, so the
-    sampling time is apportioned by cost units (marked estimated).
+    evaluation, counted as gradients.  Warm-up and sampling are timed apart
+    (:func:`run_engine_phases`).
     """
     from .rmhmc import metric_for
     from .rmhmc import run_armhmc as run_with_metric

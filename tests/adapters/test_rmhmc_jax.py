@@ -17,7 +17,12 @@ import jax.numpy as jnp  # noqa: E402
 import blackjax  # noqa: E402
 import blackjax.mcmc.metrics as bj_metrics  # noqa: E402
 from ahmc.adapters._jax_metrics import riemannian_from_callable, softabs_metric  # noqa: E402
-from ahmc.adapters._jax_rmhmc import LeapfrogState, build_rmhmc_kernel, generalized_leapfrog_step  # noqa: E402
+from ahmc.adapters._jax_rmhmc import (  # noqa: E402
+    LeapfrogState,
+    build_rmhmc_engine,
+    build_rmhmc_kernel,
+    generalized_leapfrog_step,
+)
 from ahmc.adapters.blackjax import (  # noqa: E402
     adaptive_rmhmc,
     constant_metric,
@@ -258,6 +263,28 @@ def test_a_failed_fixed_point_solve_rejects_the_proposal():
     # Cost: 1 + sum over steps of (metric values of the position solve + metric + gradient).  The
     # Gaussian's metric is constant, so the solve, started at the explicit step, needs one value.
     np.testing.assert_array_equal(info.num_gradient_evals, 1 + 3 * (1 + 2))
+
+
+def test_chains_one_after_another_draw_what_vmapped_chains_draw():
+    """sequential_chains (RMHMC's default: no chain waits for another's solve) changes the loop, not the draws."""
+    logp = lambda x: quartic(x)  # noqa: E731  (a metric that varies: the solves need iterations)
+    runs = {flag: run_rmhmc_chains(jax.random.key(3), logp, starts(4, 3), 60, 40, sequential_chains=flag)
+            for flag in (True, False)}
+    (one_by_one, info_seq), (vmapped, info_vmap) = runs[True], runs[False]
+    np.testing.assert_allclose(np.asarray(one_by_one), np.asarray(vmapped), rtol=1e-8, atol=1e-10)
+    np.testing.assert_array_equal(info_seq.num_gradient_evals, info_vmap.num_gradient_evals)
+    assert np.any(np.ptp(np.asarray(info_seq.num_gradient_evals), axis=1) > 0)  # chains' costs differ (why it matters)
+    assert np.ptp(np.asarray(one_by_one)[:, -1, 0]) > 0.1  # the chains are not copies of one another
+    # SoftAbs's default takes the sequential loop (a lax.map, i.e. a scan over the chains, in the step's
+    # program); a user's callable metric keeps vmap.
+    def program(metric, **options):
+        engine = build_rmhmc_engine(logp, num_warmup=10, metric=metric, **options)
+        state = engine.init(starts(4, 3), jax.random.key(0))
+        return str(jax.make_jaxpr(engine.step)(jax.random.key(1), state))
+
+    assert program("softabs") == program("softabs", sequential_chains=True) != program("softabs", sequential_chains=False)
+    callable_metric = lambda x: jnp.diag(1.0 + x**2)  # noqa: E731
+    assert program(callable_metric) == program(callable_metric, sequential_chains=False)
 
 
 # --------------------------------------------------------------------------- #
