@@ -1,7 +1,10 @@
-"""Shared pytest fixtures, and (opt-in) one JAX compilation cache for the whole test session."""
+"""Shared pytest fixtures, one JAX compilation cache for the whole test session, and a cap on how
+many compiled programs a test worker keeps."""
 
+import gc
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -9,17 +12,14 @@ import pytest
 # Many tests compile the same sampler for the same shapes (another seed, another chain method, a
 # second run to check reproducibility).  JAX's persistent cache lets a compiled program be reused
 # across tests and across the xdist workers; the directory lives as long as the session, so nothing
-# carries over between runs.  Off by default since 2026-11-28: in three full runs that day an xdist
-# worker died inside JAX's compile-and-write-cache path (a segfault or an abort in
-# ``executable.serialize()``), which the same tests never did alone.  AHMC_TEST_JAX_CACHE=on turns it
-# back on (about 1.5 minutes faster).
+# carries over between runs.  Set AHMC_TEST_JAX_CACHE=off to compile everything afresh.
 _CACHE_ENV = "AHMC_TEST_JAX_CACHE"
 
 
 def pytest_configure(config):
-    if os.environ.get(_CACHE_ENV, "off") == "off":
+    if os.environ.get(_CACHE_ENV) == "off":
         return
-    if not hasattr(config, "workerinput") and os.environ[_CACHE_ENV] == "on":  # the controller (or a plain run)
+    if not hasattr(config, "workerinput") and _CACHE_ENV not in os.environ:  # the controller (or a plain run)
         os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="ahmc-jax-cache-")
         config._ahmc_jax_cache_owner = True  # workers inherit the variable and share the directory
     try:
@@ -34,6 +34,23 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if getattr(config, "_ahmc_jax_cache_owner", False):
         shutil.rmtree(os.environ.pop(_CACHE_ENV), ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """Drop JAX's in-memory caches of traced and compiled programs after each test module.
+
+    Every compiled XLA program keeps its machine code in memory maps of its own, and JAX's caches keep
+    the programs alive, so a worker that runs half of the suite piles up tens of thousands of maps.
+    At Linux's default ``vm.max_map_count`` (65530) the next compile fails inside XLA with a segfault
+    or an abort (seen on 2026-11-28: 65,139 maps in the worker that died).  After a module its programs
+    are rarely needed again, and the persistent cache above still serves the ones that are.
+    """
+    yield
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture

@@ -270,8 +270,6 @@ def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler):
         assert out.extra["restarts"] == [0.0, 0.0]
 
 
-@pytest.mark.slow  # four NUTS runs and a re-run in 64-bit (~20 s); kept out of the default run while the
-# worker crashes inside XLA's compiler seen on 2026-11-28 are unexplained (tests/conftest.py)
 def test_nuts_with_chains_one_after_another_draws_what_vectorized_nuts_draws(jax_x64):
     """chain_method="sequential" (NumPyro's CPU default, and the benchmark's for NumPyro's NUTS) changes the
     loop, not the draws; NumPyro's sampling phase is then timed by a compiled re-run over the chains, which
