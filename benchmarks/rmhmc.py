@@ -55,7 +55,7 @@ import numpy as np
 
 from .metrics import CompileClock, summarize
 from .models import Model, get_model, initial_positions, load_breast_cancer, load_pima, load_ripley, standardize
-from .run import environment
+from .run import environment, free_compiled_programs
 from .samplers import (SamplerRun, _as_float_list, _map_over_chains, _timing, run_blackjax_nuts,
                        run_engine_phases)
 
@@ -352,6 +352,7 @@ def run(args) -> dict[str, Any]:
             results["runs"].setdefault(name, {})[sampler] = summary
             print(f"  min ESS {summary['ess_bulk']['min']:.0f}, per unit {summary['ess_per_grad']['min']:.4f}, "
                   f"per s {summary['ess_per_second']['min']:.1f}, {out.extra}", flush=True)
+            free_compiled_programs()
     return results
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import os
@@ -258,8 +259,23 @@ def run_one(sampler_name, model, positions, num_warmup, num_samples, seed, optio
         record["status"] = "failed"
         record["reason"] = f"{type(error).__name__}: {error}"
         record["traceback"] = traceback.format_exc(limit=8)
-    record["elapsed_s"] = time.perf_counter() - start
+    finally:
+        record["elapsed_s"] = time.perf_counter() - start
+        free_compiled_programs()
     return record
+
+
+def free_compiled_programs() -> None:
+    """Drop JAX's in-memory caches of compiled programs once a run is done (no later run reuses them).
+
+    Each compiled XLA program holds memory maps of its own, and JAX's caches keep every program
+    alive: a process that runs many samplers would reach Linux's ``vm.max_map_count`` (65530 by
+    default), at which point XLA's compiler segfaults (seen in the test suite on 2026-11-28).
+    """
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+        gc.collect()
 
 
 RESUME_MUST_MATCH = ("num_chains", "num_warmup", "num_samples", "dtype", "sampler_options")

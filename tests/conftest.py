@@ -1,5 +1,5 @@
 """Shared pytest fixtures, one JAX compilation cache for the whole test session, and a cap on how
-many compiled programs a test worker keeps."""
+many compiled programs a test worker keeps alive."""
 
 import gc
 import os
@@ -36,19 +36,28 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ.pop(_CACHE_ENV), ignore_errors=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _free_compiled_programs():
-    """Drop JAX's in-memory caches of traced and compiled programs after each test module.
+# Linux refuses a process more than ``vm.max_map_count`` memory maps (65530 by default).  Every
+# compiled XLA program keeps its machine code in maps of its own, and JAX's caches keep every program
+# alive, so a worker that runs half of the suite piles them up; at the limit the next compile dies
+# inside XLA with a segfault or an abort (seen on 2026-11-28: 65,139 maps in the worker that died).
+_MAPS_BEFORE_FREEING = 20_000
 
-    Every compiled XLA program keeps its machine code in memory maps of its own, and JAX's caches keep
-    the programs alive, so a worker that runs half of the suite piles up tens of thousands of maps.
-    At Linux's default ``vm.max_map_count`` (65530) the next compile fails inside XLA with a segfault
-    or an abort (seen on 2026-11-28: 65,139 maps in the worker that died).  After a module its programs
-    are rarely needed again, and the persistent cache above still serves the ones that are.
-    """
+
+def _memory_maps() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux: no such limit to keep away from
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _free_compiled_programs():
+    """After a test, drop JAX's in-memory caches of compiled programs once the worker holds many maps
+    (the persistent cache above still serves the programs a later test compiles again)."""
     yield
     jax = sys.modules.get("jax")
-    if jax is not None:
+    if jax is not None and _memory_maps() > _MAPS_BEFORE_FREEING:
         jax.clear_caches()
         gc.collect()
 

@@ -1000,3 +1000,22 @@ def test_dense_auto_excess_sees_the_correlation_of_the_correlated_gaussian():
     row = excess_row("corr_gauss_2", seed=0, num_warmup=400)
     assert row["dim"] == 2 and row["draws"] > 100
     assert row["max_abs_correlation"] > 0.9 and row["excess"] > 10  # correlation 0.99: far above the noise
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="counts Linux memory maps")
+def test_finished_runs_give_back_the_memory_maps_of_their_compiled_programs():
+    """A long benchmark compiles hundreds of programs in one process; JAX's caches would keep them all,
+    with their memory maps, until Linux's vm.max_map_count makes XLA's compiler crash.
+    ``run.free_compiled_programs`` (called after every run) must release them."""
+    jax = pytest.importorskip("jax")
+    from ahmc.adapters.blackjax import run_chains
+
+    def maps():
+        return len(Path("/proc/self/maps").read_bytes().splitlines())
+
+    before = maps()
+    run_chains(jax.random.key(0), lambda x: -0.5 * jax.numpy.sum(x**2), np.zeros((2, 3)), 30, 20)
+    grown = maps() - before
+    assert grown > 500  # one engine run compiles programs worth ~1000 maps
+    run.free_compiled_programs()
+    assert maps() - before < 0.2 * grown
