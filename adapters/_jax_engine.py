@@ -769,6 +769,49 @@ def build_engine(
             extra["center"] = jnp.mean(jax.vmap(lambda p: ravel_pytree(p)[0])(positions), axis=0)
         return extra
 
+    def close_round(operand, *, arm_l, key_tuner, round_draws=None, num_draws=None):
+        """The end of a round: the round's reward, the tuner's update, fresh round sums.
+
+        ``operand`` is ``(tuner_state, round_stats, adapt_probability, hook_state)``; ``arm_l`` the
+        round's L per chain, ``key_tuner`` the iteration's tuner key; ``round_draws`` / ``num_draws``
+        the hook's buffer (``round_end_fn`` only).  Returns the operand's new values, with
+        ``(reward, arm_changed, adapt_probability)`` per chain in place of the probability."""
+        tuner_state, stats, _, hook_state = operand
+        num_chains = arm_l.shape[0]
+        dtype = stats.sum_squared_jump.dtype
+        if round_end_fn is None:
+            rewards = jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
+        else:
+            rewards, hook_state = round_end_fn(round_draws, num_draws, hook_state)
+            rewards = jnp.asarray(rewards, dtype)
+            rewards = rewards if pooled else jnp.broadcast_to(rewards, (num_chains,))
+        # A host callback only when a reward is not finite (this cond is never vmapped: the chains are inside).
+        jax.lax.cond(jnp.all(jnp.isfinite(rewards)), lambda: None, _warn_nonfinite_reward)
+        fresh = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+        if pooled:
+            reward = jnp.mean(rewards)
+            uniform = jax.random.uniform(key_tuner, (), dtype)
+            tuner_state, tinfo = tuner.update(tuner_state, reward, uniform, num_chains * 1.0, cond=jax.lax.cond)
+            changed = jnp.broadcast_to(tinfo.arm_changed, (num_chains,))
+            reward = jnp.broadcast_to(reward, (num_chains,))
+            p = tinfo.adapt_probability
+        else:
+            uniforms = jax.random.uniform(key_tuner, (num_chains,), dtype)
+            tuner_state, tinfo = jax.vmap(tuner.update)(tuner_state, rewards, uniforms)
+            changed, reward, p = tinfo.arm_changed, rewards, tinfo.adapt_probability[0]
+        if exploit_after_warmup:
+            previous_arm = operand[0].arm
+            last_round = tuner_state.round if pooled else tuner_state.round[0]
+            tuner_state = jax.lax.cond(last_round == num_warmup_rounds, exploit, lambda t: t, tuner_state)
+            changed = jnp.broadcast_to(tuner_state.arm != previous_arm, (num_chains,))
+        return tuner_state, fresh, (reward, changed, p.astype(dtype)), hook_state
+
+    def exploit(tuner_state):
+        """End of warm-up: move to the arm of highest posterior mean reward."""
+        def best(t):
+            return t._replace(arm=jnp.argmax(tuner.surrogate(t).mean.reshape(-1)).astype(jnp.int32))
+        return best(tuner_state) if pooled else jax.vmap(best)(tuner_state)
+
     def step(rng_key, state: EngineState, sampling: bool = False, round_end: str = "cond"):
         """One iteration of every chain.
 
@@ -938,44 +981,13 @@ def build_engine(
             round_target = jnp.where(starts_gp, super_transition_length(state.tuner, box, key_length),
                                      state.round_target)
             is_round_end = (~in_metric_phase) & (state.round_iteration + 1 >= round_target)
+        round_draws = None
         if round_end_fn is not None:
             slot = jnp.minimum(state.round_iteration, buffer_length - 1)
             round_draws = jax.tree.map(lambda buf, x: buf.at[:, slot].set(x), state.round_draws, new.position)
 
-        def end_round(operand):
-            tuner_state, stats, _, hook_state = operand
-            if round_end_fn is None:
-                rewards = jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
-            else:
-                rewards, hook_state = round_end_fn(round_draws, state.round_iteration + 1, hook_state)
-                rewards = jnp.asarray(rewards, dtype)
-                rewards = rewards if pooled else jnp.broadcast_to(rewards, (num_chains,))
-            # A host callback only when a reward is not finite (this cond is never vmapped: the chains are inside).
-            jax.lax.cond(jnp.all(jnp.isfinite(rewards)), lambda: None, _warn_nonfinite_reward)
-            fresh = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
-            if pooled:
-                reward = jnp.mean(rewards)
-                uniform = jax.random.uniform(key_tuner, (), dtype)
-                tuner_state, tinfo = tuner.update(tuner_state, reward, uniform, num_chains * 1.0, cond=jax.lax.cond)
-                changed = jnp.broadcast_to(tinfo.arm_changed, (num_chains,))
-                reward = jnp.broadcast_to(reward, (num_chains,))
-                p = tinfo.adapt_probability
-            else:
-                uniforms = jax.random.uniform(key_tuner, (num_chains,), dtype)
-                tuner_state, tinfo = jax.vmap(tuner.update)(tuner_state, rewards, uniforms)
-                changed, reward, p = tinfo.arm_changed, rewards, tinfo.adapt_probability[0]
-            if exploit_after_warmup:
-                previous_arm = operand[0].arm
-                last_round = tuner_state.round if pooled else tuner_state.round[0]
-                tuner_state = jax.lax.cond(last_round == num_warmup_rounds, exploit, lambda t: t, tuner_state)
-                changed = jnp.broadcast_to(tuner_state.arm != previous_arm, (num_chains,))
-            return tuner_state, fresh, (reward, changed, p.astype(dtype)), hook_state
-
-        def exploit(tuner_state):
-            """End of warm-up: move to the arm of highest posterior mean reward."""
-            def best(t):
-                return t._replace(arm=jnp.argmax(tuner.surrogate(t).mean.reshape(-1)).astype(jnp.int32))
-            return best(tuner_state) if pooled else jax.vmap(best)(tuner_state)
+        end_round = partial(close_round, arm_l=arm_l, key_tuner=key_tuner, round_draws=round_draws,
+                            num_draws=state.round_iteration + 1 if round_end_fn is not None else None)
 
         def continue_round(operand):
             tuner_state, stats, p, hook_state = operand
@@ -1040,13 +1052,108 @@ def build_engine(
             "min_steps_fraction": min_steps_fraction,  # the jitter the arm was tuned with
         }
 
+    def record_round(state: EngineState, rng_key):
+        """A pooled tuner's round end without linear algebra (fixed-length rounds, no hook): the
+        reward recorded, fresh round sums; returns the state and ``(work, rewards per chain)``
+        for ``tuner.complete``.  Same keys and values as ``close_round``."""
+        num_chains = state.logdensity.shape[0]
+        _, key_tuner = jax.random.split(rng_key)
+        arm_l = jnp.broadcast_to(arm_parameters(state.tuner, state.box)[1], (num_chains,))
+        dtype = state.inverse_mass_matrix.dtype
+        rewards = jax.vmap(objective_fn)(state.round_stats, arm_l).astype(dtype)
+        uniform = jax.random.uniform(key_tuner, (), dtype)
+        recorded, work = tuner.record(state.tuner, jnp.mean(rewards), uniform, num_chains * 1.0)
+        fresh = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+        return state._replace(tuner=recorded, round_stats=fresh), (work, rewards)
+
+    def finish_round(state: EngineState, rng_key):
+        """End the round after an iteration run with ``round_end="never"`` with key ``rng_key``:
+        the state and ``(reward, arm_changed, adapt_probability)`` per chain that ``"always"``
+        would have given (fixed-length rounds)."""
+        num_chains = state.logdensity.shape[0]
+        _, key_tuner = jax.random.split(rng_key)
+        if pooled:
+            arm_l = jnp.broadcast_to(arm_parameters(state.tuner, state.box)[1], (num_chains,))
+        else:
+            arm_l = jax.vmap(arm_parameters, in_axes=(0, None))(state.tuner, state.box)[1]
+        hook = round_end_fn is not None
+        operand = (state.tuner, state.round_stats, state.adapt_probability, state.round_end_state)
+        tuner_state, stats, (reward, changed, p), hook_state = close_round(
+            operand, arm_l=arm_l, key_tuner=key_tuner, round_draws=state.round_draws if hook else None,
+            num_draws=state.round_iteration if hook else None)
+        state = state._replace(tuner=tuner_state, round_stats=stats, adapt_probability=p)
+        if hook:
+            state = state._replace(round_end_state=hook_state, round_iteration=jnp.zeros_like(state.round_iteration))
+        return state, (reward, changed, jnp.broadcast_to(p, (num_chains,)))
+
+    def segmented_rounds(inner, state: EngineState, blocks):
+        """Whole rounds of a pooled tuner after warm-up (no hook), keys ``blocks`` (rounds, L):
+        ``(state, (positions, info))`` with a leading rounds axis, as one round per scan step gives.
+
+        XLA's CPU backend compiles a loop into a single kernel only when it holds no linear-algebra
+        call; otherwise it runs the loop body's operations one by one, at a fixed cost each (a round
+        end has some hundred of them: as much as a cheap model's gradients).  So the rounds run in
+        segments: an inner loop of whole rounds (transitions, round sums, the reward and the tuner's
+        bookkeeping, ``tuner.record``) that stops after the first round whose update needs the
+        tuner's solves (a move of the arm, p_i per round, or an eviction); then ``tuner.complete``
+        outside it.  A non-finite reward warns once, after the run."""
+        num_rounds = blocks.shape[0]
+        num_chains = state.logdensity.shape[0]
+        dtype = state.inverse_mass_matrix.dtype
+
+        def body(carry, xs):
+            state, pending = carry
+            j, key = xs
+            state, info = inner(key, state)
+            # Computed every iteration and kept at the last: a cond here would copy the state in and out.
+            ended = record_round(state, key)
+            state, pending = jax.tree.map(partial(jnp.where, j == round_length - 1), ended, (state, pending))
+            return (state, pending), (state.position, info)
+
+        pending = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                               jax.eval_shape(lambda s, k: record_round(s, k)[1], state, blocks[0, 0]))
+        shapes = jax.eval_shape(lambda s, k: jax.lax.scan(body, (s, pending), (jnp.arange(round_length), k))[1],
+                                state, blocks[0])
+        outputs = jax.tree.map(lambda x: jnp.zeros((num_rounds,) + x.shape, x.dtype), shapes)
+
+        def one_round(carry):
+            state, r, outputs, pending, _, nonfinite = carry
+            (state, pending), (positions, info) = jax.lax.scan(
+                body, (state, pending), (jnp.arange(round_length), blocks[r]))
+            work, rewards = pending
+            p = work.adapt_probability.astype(dtype)
+            last = partial(jnp.broadcast_to, shape=(num_chains,))
+            info = info._replace(reward=info.reward.at[-1].set(last(jnp.mean(rewards))),
+                                 arm_changed=info.arm_changed.at[-1].set(False),
+                                 adapt_probability=info.adapt_probability.at[-1].set(last(p)))
+            outputs = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, r, 0),
+                                   outputs, (positions, info))
+            nonfinite = nonfinite | ~jnp.all(jnp.isfinite(rewards))
+            return state._replace(adapt_probability=p), r + 1, outputs, pending, work.needs_solve, nonfinite
+
+        def segment(carry):
+            state, r, outputs, pending, _, nonfinite = carry
+            state, r, outputs, pending, stopped, nonfinite = jax.lax.while_loop(
+                lambda c: (c[1] < num_rounds) & ~c[4], one_round, (state, r, outputs, pending, False, nonfinite))
+            tuner_state, _ = jax.lax.cond(stopped, partial(tuner.complete, cond=jax.lax.cond),
+                                          lambda t, w: (t, jnp.asarray(-1, jnp.int32)), state.tuner, pending[0])
+            changed = jnp.broadcast_to(tuner_state.arm != state.tuner.arm, (num_chains,))
+            positions, info = outputs
+            info = info._replace(arm_changed=info.arm_changed.at[r - 1, -1].set(changed))
+            return state._replace(tuner=tuner_state), r, (positions, info), pending, False, nonfinite
+
+        start = (state, jnp.asarray(0, jnp.int32), outputs, pending, jnp.asarray(False), jnp.asarray(False))
+        state, _, outputs, _, _, nonfinite = jax.lax.while_loop(lambda c: c[1] < num_rounds, segment, start)
+        jax.lax.cond(nonfinite, _warn_nonfinite_reward, lambda: None)
+        return state, outputs
+
     def scan_draws(rng_key, state: EngineState, num_samples: int, first_iteration: int):
         """Run ``num_samples`` iterations after warm-up: ``(state, (positions, info))`` as a
         ``lax.scan`` of ``step`` with ``jax.random.split(rng_key, num_samples)`` gives, the same
         draws, but cheaper.  ``first_iteration`` (static) is ``state.iteration``, at least
-        ``num_warmup``.  With fixed-length rounds the whole rounds run as an inner scan of
-        ``round_length - 1`` iterations that cannot end a round and one that does, so no
-        iteration branches at run time; the partial rounds at either end use ``step``."""
+        ``num_warmup``.  With fixed-length rounds each whole round runs as an inner scan of
+        iterations that cannot end a round, followed by the round's end, so no iteration
+        branches at run time; the partial rounds at either end use ``step``."""
         keys = jax.random.split(rng_key, num_samples)
 
         def run(step_fn, state, keys):
@@ -1066,16 +1173,21 @@ def build_engine(
         pieces.append(out)
         if num_rounds:
             inner = partial(step, sampling=True, round_end="never")
-            last = partial(step, sampling=True, round_end="always")
-
-            def one_round(state, round_keys):
-                state, (positions, info) = run(inner, state, round_keys[:-1])
-                state, end_info = last(round_keys[-1], state)
-                append = partial(jax.tree.map, lambda a, b: jnp.concatenate([a, b[None]]))
-                return state, (append(positions, state.position), append(info, end_info))
-
             blocks = keys[head:head + num_rounds * round_length].reshape((num_rounds, round_length) + keys.shape[1:])
-            state, out = jax.lax.scan(one_round, state, blocks)
+            # A pooled tuner without a hook, after warm-up (the exploit step lies in the warm-up): rounds
+            # run in segments, as below.  Otherwise one round per step of a scan.
+            if pooled and round_end_fn is None and first_iteration >= num_warmup:
+                state, out = segmented_rounds(inner, state, blocks)
+            else:
+                def one_round(state, round_keys):
+                    state, (positions, info) = run(inner, state, round_keys)
+                    state, (reward, changed, p) = finish_round(state, round_keys[-1])
+                    info = info._replace(reward=info.reward.at[-1].set(reward),
+                                         arm_changed=info.arm_changed.at[-1].set(changed),
+                                         adapt_probability=info.adapt_probability.at[-1].set(p))
+                    return state, (positions, info)
+
+                state, out = jax.lax.scan(one_round, state, blocks)
             pieces.append(jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), out))
         state, out = run(per_iteration, state, keys[head + num_rounds * round_length:])
         pieces.append(out)

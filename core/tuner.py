@@ -38,7 +38,7 @@ from .space import SearchSpace
 
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
-__all__ = ["TunerState", "TunerInfo", "Surrogate", "Tuner", "gp_ucb", "adapt_probability", "ucb_beta"]
+__all__ = ["TunerState", "TunerInfo", "TunerWork", "Surrogate", "Tuner", "gp_ucb", "adapt_probability", "ucb_beta"]
 
 SCHEDULES = ("inverse_sqrt", "exponential")
 
@@ -122,6 +122,36 @@ class TunerInfo(NamedTuple):
     is_evicting: object
 
 
+class TunerWork(NamedTuple):
+    """What :func:`record <gp_ucb>` decided and :func:`complete <gp_ucb>` carries out (arrays only).
+
+    Attributes
+    ----------
+    needs_solve : bool, ()          whether ``complete`` has anything to do (any of the next three)
+    is_moved : bool, ()             rewards were pending at an arm moved from outside: settle them
+    is_evicting : bool, ()          a stored arm was dropped for this one: forget it
+    is_adapting : bool, ()          ``uniform < p_i`` and not frozen: pick the next arm
+    previous_buffer : ArmBuffer     the buffer before this reward (settling and forgetting read it)
+    previous_pending_arm, previous_pending_weight : the pending rewards before this one
+    slot : int32, ()                the buffer slot of this reward
+    reward, clean_reward, is_finite, adapt_probability, beta : as in :class:`TunerInfo`
+    """
+
+    needs_solve: object
+    is_moved: object
+    is_evicting: object
+    is_adapting: object
+    previous_buffer: gp.ArmBuffer
+    previous_pending_arm: object
+    previous_pending_weight: object
+    slot: object
+    reward: object
+    clean_reward: object
+    is_finite: object
+    adapt_probability: object
+    beta: object
+
+
 class Surrogate(NamedTuple):
     """The GP surrogate on the grid, for plots.
 
@@ -145,6 +175,9 @@ class Tuner(NamedTuple):
     ``arm(state) -> (step_size, num_steps)``
     ``surrogate(state) -> Surrogate``
     ``settle(state) -> TunerState`` (the pending weight taken into ``grid_variance``)
+    ``record(state, reward, uniform, weight=1.0) -> (TunerState, TunerWork)`` and
+    ``complete(state, work, *, cond=None) -> (TunerState, proposed_arm)``: ``update``'s two
+    halves, without and with its linear algebra
     """
 
     init: Callable
@@ -153,6 +186,8 @@ class Tuner(NamedTuple):
     surrogate: Callable
     space: SearchSpace
     settle: Callable
+    record: Callable
+    complete: Callable
 
 
 def adapt_probability(round_index, *, schedule: str = "inverse_sqrt", k: int = 100, decay: float = 0.01, xp=np):
@@ -343,6 +378,21 @@ def gp_ucb(
         xp = _namespace(state.grid_variance)
         if lazy and xp.__name__.split(".")[0] == "numpy":
             return _update_eager(state, reward, uniform, weight)
+        recorded, work = record(state, reward, uniform, weight)
+        new_state, proposed = complete(recorded, work, cond=cond)
+        return new_state, _info(recorded, work, proposed, new_state.arm)
+
+    def record(state: TunerState, reward, uniform, weight=1.0):
+        """The first half of :func:`update`, without linear algebra: ``(state, work)``.
+
+        The reward is pooled into the buffer and the round counted; whether the
+        arm moves is decided (``work.is_adapting``) but not carried out.  When
+        ``work.needs_solve`` is false, ``state`` is already what ``update``
+        returns; otherwise :func:`complete` finishes it.  Traced code can so run
+        this half inside a loop that XLA compiles into one kernel and keep the
+        solves, rarely needed, outside.
+        """
+        xp = _namespace(state.grid_variance)
         dtype = state.grid_variance.dtype
         reward = xp.asarray(reward, dtype=dtype)
         weight = xp.asarray(weight, dtype=dtype)
@@ -360,13 +410,9 @@ def gp_ucb(
         magnitude = xp.maximum(xp.abs(best), xp.asarray(np.finfo(np.float32).tiny, dtype=dtype))
         scale = xp.where(is_best, alpha / magnitude, state.scale)
 
-        # The arm was moved from outside (an adapter's exploit step) with rewards still pending: settle them
-        # at their own arm first, so that pending rewards always belong to ``state.arm``.
+        # The arm was moved from outside (an adapter's exploit step) with rewards still pending: they are
+        # settled at their own arm first (``complete``), so that pending rewards always belong to ``state.arm``.
         moved = (state.pending_weight > 0) & (state.pending_arm != state.arm)
-        if cond is None:
-            variance = xp.where(moved, settle(state).grid_variance, state.grid_variance)
-        else:
-            variance = cond(moved, lambda s: settle(s).grid_variance, lambda s: s.grid_variance, state)
         pending_weight = xp.where(moved, xp.zeros_like(state.pending_weight), state.pending_weight)
 
         # Slot for this arm: its own, else a free one, else evict.
@@ -384,27 +430,12 @@ def gp_ucb(
         ).astype(xp.int32)
         is_evicting = ~has_match & ~has_free
         in_slot = slots == slot
-
-        # Forget the evicted arm exactly: v += c^2 / (noise / count - v(x)).  Nothing is pending then:
-        # an arm new to a full buffer has no rewards yet, and moved arms were settled above.
-        def forget(variance):
-            cov_old, var_old = gp.posterior_covariance_column(
-                buffer, kernel, noise_variance, buffer.arm[slot], xp, dtype)
-            old_noise = noise_variance / xp.maximum(buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
-            tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
-            downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
-            return variance + xp.where(is_evicting, downdate, xp.zeros_like(downdate))
-
-        if cond is None:
-            variance = forget(variance)
-        else:
-            variance = cond(is_evicting, forget, lambda v: v, variance)
         kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.count), buffer.count)
         mean_kept = xp.where(is_evicting & in_slot, xp.zeros_like(buffer.mean_reward), buffer.mean_reward)
 
         # Pool the reward into its slot; the variance learns it at the next acquisition (see ``pending_weight``).
         total = kept + weight
-        buffer = gp.ArmBuffer(
+        new_buffer = gp.ArmBuffer(
             arm=xp.where(in_slot, state.arm, buffer.arm),
             count=xp.where(in_slot, total, kept),
             mean_reward=xp.where(in_slot, mean_kept + (clean - mean_kept) * weight / total, mean_kept),
@@ -412,15 +443,70 @@ def gp_ucb(
         )
         pending_weight = pending_weight + weight
 
-        # Annealed GP-UCB step.
+        # Annealed GP-UCB step: decided here, carried out by ``complete``.
         p = adapt_probability(i, schedule=schedule, k=k, decay=decay, xp=xp)
         p = xp.asarray(p, dtype=dtype)
         beta = xp.asarray(ucb_beta(i, delta=delta, xp=xp), dtype=dtype)
         is_adapting = (xp.asarray(uniform, dtype=dtype) < p) & (i < state.freeze_round)
 
+        recorded = TunerState(
+            round=i.astype(xp.int32),
+            arm=state.arm,
+            buffer=new_buffer,
+            grid_variance=state.grid_variance,
+            best_reward=best,
+            worst_reward=worst,
+            scale=scale,
+            freeze_round=state.freeze_round,
+            pending_arm=xp.asarray(state.arm, dtype=xp.int32),
+            pending_weight=pending_weight,
+        )
+        work = TunerWork(
+            needs_solve=moved | is_evicting | is_adapting, is_moved=moved, is_evicting=is_evicting,
+            is_adapting=is_adapting, previous_buffer=buffer, previous_pending_arm=state.pending_arm,
+            previous_pending_weight=state.pending_weight, slot=slot, reward=reward, clean_reward=clean,
+            is_finite=is_finite, adapt_probability=p, beta=beta,
+        )
+        return recorded, work
+
+    def complete(state: TunerState, work: TunerWork, *, cond=None):
+        """The second half of :func:`update`: ``(state, proposed_arm)`` from :func:`record`'s output.
+
+        Settles rewards left pending at an arm moved from outside, removes an
+        evicted arm from the variance, and picks the next arm when adapting
+        (``proposed_arm`` -1 when it does not).  ``cond`` as in :func:`update`.
+        """
+        xp = _namespace(state.grid_variance)
+        dtype = state.grid_variance.dtype
+        before = state._replace(buffer=work.previous_buffer, pending_arm=work.previous_pending_arm,
+                                pending_weight=work.previous_pending_weight)
+        if cond is None:
+            variance = xp.where(work.is_moved, settle(before).grid_variance, state.grid_variance)
+        else:
+            variance = cond(work.is_moved, lambda s: settle(s).grid_variance, lambda s: s.grid_variance, before)
+
+        # Forget the evicted arm exactly: v += c^2 / (noise / count - v(x)).  Nothing is pending then:
+        # an arm new to a full buffer has no rewards yet, and moved arms were settled above.
+        old_buffer, slot = work.previous_buffer, work.slot
+
+        def forget(variance):
+            cov_old, var_old = gp.posterior_covariance_column(
+                old_buffer, kernel, noise_variance, old_buffer.arm[slot], xp, dtype)
+            old_noise = noise_variance / xp.maximum(old_buffer.count[slot], xp.asarray(1e-30, dtype=dtype))
+            tiny = xp.asarray(np.finfo(dtype).tiny, dtype=dtype)
+            downdate = cov_old * cov_old / xp.maximum(old_noise - var_old, tiny)
+            return variance + xp.where(work.is_evicting, downdate, xp.zeros_like(downdate))
+
+        if cond is None:
+            variance = forget(variance)
+        else:
+            variance = cond(work.is_evicting, forget, lambda v: v, variance)
+
+        buffer, pending_weight, is_adapting = state.buffer, state.pending_weight, work.is_adapting
+
         def propose(operand):
             variance = settled_variance(buffer, operand, state.arm, pending_weight, xp, dtype)
-            acquisition = _acquisition(buffer, variance, scale, p, beta, xp, dtype)
+            acquisition = _acquisition(buffer, variance, state.scale, work.adapt_probability, work.beta, xp, dtype)
             return variance, xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
 
         if cond is None:
@@ -428,38 +514,32 @@ def gp_ucb(
             variance = xp.where(is_adapting, settled, variance)
         else:
             variance, proposed = cond(is_adapting, propose, lambda v: (v, xp.asarray(-1, dtype=xp.int32)), variance)
-        pending_weight = xp.where(is_adapting, xp.zeros_like(pending_weight), pending_weight)
-        pending_arm = xp.where(is_adapting, xp.asarray(-1, dtype=xp.int32), state.arm).astype(xp.int32)
-        next_arm = xp.where(is_adapting, proposed, state.arm).astype(xp.int32)
-
-        new_state = TunerState(
-            round=i.astype(xp.int32),
-            arm=next_arm,
-            buffer=buffer,
+        new_state = state._replace(
+            arm=xp.where(is_adapting, proposed, state.arm).astype(xp.int32),
             grid_variance=variance,
-            best_reward=best,
-            worst_reward=worst,
-            scale=scale,
-            freeze_round=state.freeze_round,
-            pending_arm=pending_arm,
-            pending_weight=pending_weight,
+            pending_arm=xp.where(is_adapting, xp.asarray(-1, dtype=xp.int32), state.arm).astype(xp.int32),
+            pending_weight=xp.where(is_adapting, xp.zeros_like(pending_weight), pending_weight),
         )
-        info = TunerInfo(
-            round=i.astype(xp.int32),
-            reward=reward,
-            clean_reward=clean,
-            is_finite=is_finite,
-            arm=state.arm,
-            adapt_probability=p,
-            beta=beta,
-            is_adapting=is_adapting,
+        return new_state, proposed
+
+    def _info(recorded: TunerState, work: TunerWork, proposed, next_arm) -> TunerInfo:
+        """The :class:`TunerInfo` of an update from its two halves."""
+        xp = _namespace(recorded.grid_variance)
+        return TunerInfo(
+            round=recorded.round,
+            reward=work.reward,
+            clean_reward=work.clean_reward,
+            is_finite=work.is_finite,
+            arm=recorded.arm,
+            adapt_probability=work.adapt_probability,
+            beta=work.beta,
+            is_adapting=work.is_adapting,
             proposed_arm=proposed,
             next_arm=next_arm,
-            arm_changed=next_arm != state.arm,
-            num_arms=xp.sum(buffer.count > 0).astype(xp.int32),
-            is_evicting=is_evicting,
+            arm_changed=next_arm != recorded.arm,
+            num_arms=xp.sum(recorded.buffer.count > 0).astype(xp.int32),
+            is_evicting=work.is_evicting,
         )
-        return new_state, info
 
     def _update_eager(state: TunerState, reward, uniform, weight):
         """``update(..., lazy=True)`` under NumPy: the same steps with Python scalars and branches.
@@ -567,4 +647,5 @@ def gp_ucb(
         acquisition = state.scale * mean + p * xp.sqrt(beta) * xp.sqrt(state.grid_variance)
         return Surrogate(space.step_sizes, space.num_steps, mean, sd, acquisition)
 
-    return Tuner(init=init, update=update, arm=arm, surrogate=surrogate, space=space, settle=settle)
+    return Tuner(init=init, update=update, arm=arm, surrogate=surrogate, space=space, settle=settle,
+                 record=record, complete=complete)

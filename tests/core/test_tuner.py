@@ -244,6 +244,35 @@ def test_update_with_cond_skips_work_and_keeps_the_state(space):
     assert calls[False] > 20 and calls[True] > 20  # both branches were exercised
 
 
+@pytest.mark.parametrize("capacity", [6, 64])  # a buffer that evicts often; one with free slots
+def test_record_alone_is_the_update_unless_it_needs_a_solve(space, capacity):
+    """update = complete(record(...)); when record says no solve is needed (no move, no eviction, no
+    pending rewards at a moved arm) its state already is update's, so traced code may skip complete."""
+    tuner = gp_ucb(space, capacity=capacity, k=8)
+    rng = np.random.default_rng(5)
+    state = tuner.init()
+    seen = {True: 0, False: 0}
+    evicted = False
+    for n in range(80):
+        reward, uniform = rng.uniform(0.1, 2.0), rng.uniform()
+        arm = np.int32(rng.integers(space.num_arms)) if n % 9 == 0 else state.arm
+        state = state._replace(arm=arm)
+        expected, info = tuner.update(state, reward, uniform)
+        recorded, work = tuner.record(state, reward, uniform)
+        seen[bool(work.needs_solve)] += 1
+        evicted = evicted or bool(work.is_evicting)
+        assert bool(work.needs_solve) == bool(work.is_adapting | work.is_evicting | work.is_moved)
+        assert bool(work.is_adapting) == bool(info.is_adapting) and bool(work.is_evicting) == bool(info.is_evicting)
+        completed, proposed = tuner.complete(recorded, work)
+        _assert_same_state(expected, completed, rtol=0, atol=0)
+        assert int(proposed) == int(info.proposed_arm)
+        if not work.needs_solve:
+            _assert_same_state(expected, recorded, rtol=0, atol=0)
+        state = expected
+    assert seen[True] > 10 and seen[False] > 10  # both cases were exercised
+    assert evicted == (capacity == 6)
+
+
 def _assert_same_state(expected, actual, skip=(), rtol=1e-10, atol=1e-12):
     """Equal up to rounding (lazy solves over the occupied slots only), with the same dtypes and shapes."""
     for name in TunerState._fields:
