@@ -37,7 +37,7 @@ from .mass_matrix import (
 )
 from .space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, SearchSpace, check_min_steps_fraction,
                     min_num_steps, search_space)
-from .tuner import Surrogate, Tuner, TunerInfo, TunerState, adapt_probability, gp_ucb, ucb_beta
+from .tuner import Surrogate, Tuner, TunerInfo, TunerState, TunerWork, adapt_probability, gp_ucb, ucb_beta
 
 __all__ = [
     "ArmBuffer",
@@ -54,6 +54,7 @@ __all__ = [
     "Tuner",
     "TunerInfo",
     "TunerState",
+    "TunerWork",
     "WARMUP_MAX_STEPS",
     "adapt_probability",
     "check_objective",
