@@ -731,7 +731,7 @@ def build_engine(
             tuner_state = tuner.init(xp=jnp, dtype=dtype)
         else:
             tuner_state = jax.vmap(lambda _: tuner.init(xp=jnp, dtype=dtype))(jnp.arange(num_chains))
-        stats = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+        stats = fresh_round_stats(num_chains, dtype)
         box = SearchBox(jnp.asarray(box0[0], dtype), jnp.asarray(box0[1], jnp.int32))
         eps0 = jnp.asarray(initial_step_size, dtype)
         if metric_phase > 0:
@@ -752,6 +752,14 @@ def build_engine(
             window=window_init(num_chains, dtype), whitening=inverse_cholesky(imm) if dense else None,
             **round_buffers(positions, tuner_state, box, rng_key),
         )
+
+    def fresh_round_stats(num_chains, dtype):
+        """Empty round sums, one per chain."""
+        return jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+
+    def chain_rewards(stats, arm_l, dtype):
+        """The objective of each chain's round (its sums and its L)."""
+        return jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
 
     def round_buffers(positions, tuner_state, box, rng_key):
         """Initial values of the optional state fields (hook buffer, round counters, center)."""
@@ -780,14 +788,14 @@ def build_engine(
         num_chains = arm_l.shape[0]
         dtype = stats.sum_squared_jump.dtype
         if round_end_fn is None:
-            rewards = jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
+            rewards = chain_rewards(stats, arm_l, dtype)
         else:
             rewards, hook_state = round_end_fn(round_draws, num_draws, hook_state)
             rewards = jnp.asarray(rewards, dtype)
             rewards = rewards if pooled else jnp.broadcast_to(rewards, (num_chains,))
         # A host callback only when a reward is not finite (this cond is never vmapped: the chains are inside).
         jax.lax.cond(jnp.all(jnp.isfinite(rewards)), lambda: None, _warn_nonfinite_reward)
-        fresh = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+        fresh = fresh_round_stats(num_chains, dtype)
         if pooled:
             reward = jnp.mean(rewards)
             uniform = jax.random.uniform(key_tuner, (), dtype)
@@ -973,7 +981,7 @@ def build_engine(
             hmc_info.is_divergent, scale, stats_center)
         if not sampling:
             stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
-                                 jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains)), stats)
+                                 fresh_round_stats(num_chains, dtype), stats)
         since_gp = it - metric_phase
         is_round_end = (~in_metric_phase) & ((since_gp + 1) % round_length == 0)
         if super_transitions:
@@ -1060,10 +1068,10 @@ def build_engine(
         _, key_tuner = jax.random.split(rng_key)
         arm_l = jnp.broadcast_to(arm_parameters(state.tuner, state.box)[1], (num_chains,))
         dtype = state.inverse_mass_matrix.dtype
-        rewards = jax.vmap(objective_fn)(state.round_stats, arm_l).astype(dtype)
+        rewards = chain_rewards(state.round_stats, arm_l, dtype)
         uniform = jax.random.uniform(key_tuner, (), dtype)
         recorded, work = tuner.record(state.tuner, jnp.mean(rewards), uniform, num_chains * 1.0)
-        fresh = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+        fresh = fresh_round_stats(num_chains, dtype)
         return state._replace(tuner=recorded, round_stats=fresh), (work, rewards)
 
     def finish_round(state: EngineState, rng_key):
@@ -1101,35 +1109,37 @@ def build_engine(
         num_chains = state.logdensity.shape[0]
         dtype = state.inverse_mass_matrix.dtype
 
-        def body(carry, xs):
-            state, pending = carry
-            j, key = xs
+        def iteration(state, key):
             state, info = inner(key, state)
-            # Computed every iteration and kept at the last: a cond here would copy the state in and out.
-            ended = record_round(state, key)
-            state, pending = jax.tree.map(partial(jnp.where, j == round_length - 1), ended, (state, pending))
-            return (state, pending), (state.position, info)
+            return state, (state.position, info)
 
-        pending = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                               jax.eval_shape(lambda s, k: record_round(s, k)[1], state, blocks[0, 0]))
-        shapes = jax.eval_shape(lambda s, k: jax.lax.scan(body, (s, pending), (jnp.arange(round_length), k))[1],
-                                state, blocks[0])
-        outputs = jax.tree.map(lambda x: jnp.zeros((num_rounds,) + x.shape, x.dtype), shapes)
+        def whole_round(state, keys):
+            """A round's iterations, then its end: the reward recorded (``tuner.record``).  The last
+            iteration runs outside the scan so the round's end is computed once, not at every step."""
+            state, (positions, info) = jax.lax.scan(iteration, state, keys[:-1])
+            state, (last_position, last_info) = iteration(state, keys[-1])
+            state, (work, rewards) = record_round(state, keys[-1])
+            p = work.adapt_probability.astype(dtype)
+            per_chain = partial(jnp.broadcast_to, shape=(num_chains,))
+            last_info = last_info._replace(reward=per_chain(jnp.mean(rewards)),
+                                           arm_changed=jnp.zeros((num_chains,), bool),
+                                           adapt_probability=per_chain(p))
+            round_out = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]),
+                                     (positions, info), (last_position, last_info))
+            return state._replace(adapt_probability=p), round_out, (work, rewards)
+
+        _, round_shapes, pending_shapes = jax.eval_shape(whole_round, state, blocks[0])
+        outputs = jax.tree.map(lambda x: jnp.zeros((num_rounds,) + x.shape, x.dtype), round_shapes)
+        pending = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), pending_shapes)
 
         def one_round(carry):
-            state, r, outputs, pending, _, nonfinite = carry
-            (state, pending), (positions, info) = jax.lax.scan(
-                body, (state, pending), (jnp.arange(round_length), blocks[r]))
-            work, rewards = pending
-            p = work.adapt_probability.astype(dtype)
-            last = partial(jnp.broadcast_to, shape=(num_chains,))
-            info = info._replace(reward=info.reward.at[-1].set(last(jnp.mean(rewards))),
-                                 arm_changed=info.arm_changed.at[-1].set(False),
-                                 adapt_probability=info.adapt_probability.at[-1].set(last(p)))
+            state, r, outputs, _, _, nonfinite = carry
+            state, round_out, pending = whole_round(state, blocks[r])
             outputs = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, r, 0),
-                                   outputs, (positions, info))
+                                   outputs, round_out)
+            work, rewards = pending
             nonfinite = nonfinite | ~jnp.all(jnp.isfinite(rewards))
-            return state._replace(adapt_probability=p), r + 1, outputs, pending, work.needs_solve, nonfinite
+            return state, r + 1, outputs, pending, work.needs_solve, nonfinite
 
         def segment(carry):
             state, r, outputs, pending, _, nonfinite = carry

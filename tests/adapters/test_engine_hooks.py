@@ -90,6 +90,7 @@ def test_hook_options_check_their_input():
     [
         (100, 57, {}),  # warm-up ends mid-round: a partial round first, whole rounds, a partial last
         (80, 40, {"pooled": False}),  # rounds aligned with the end of warm-up; one tuner per chain
+        (60, 13, {"round_length": 1}),  # every iteration ends a round: segments of one-iteration rounds
         pytest.param(100, 35, {"round_end_fn": recording_hook, "chain_data": jnp.asarray(MEANS), "round_length": 7},
                      marks=pytest.mark.slow),  # ~11 s; hooks and chain data also run in the test above
         (100, 45, {"super_transitions": 30}),  # rounds of varying length: plain per-iteration scan
