@@ -13,7 +13,7 @@ from pymc.exceptions import SamplingError  # noqa: E402
 
 from ahmc.adapters.pymc import STATS, AdaptiveHMC  # noqa: E402
 from ahmc.core import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
-from tests.reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
+from tests.reference import _mean_and_mcse, assert_moments_match, assert_reference_match, load_reference  # noqa: E402
 
 SCALES = np.array([1.0, 10.0, 0.1, 5.0, 2.0, 0.5])
 
@@ -225,15 +225,36 @@ def test_random_seed_reproduces_draws():
 
 
 def test_compound_step_with_discrete_variable():
-    with pm.Model() as model:
+    """AdaptiveHMC for x beside Metropolis for k samples the exact joint posterior.
+
+    x ~ N(0, I_2), k ~ Bernoulli(0.3), y_i ~ N(x_1 + x_2 + k, 1).  With s = x_1 + x_2 ~ N(0, 2) the
+    marginal of y given k is N(k 1, 2 11^T + I), which gives P(k = 1 | y) in closed form, and
+    s | k, y is normal with precision 1/2 + n and mean (sum(y) - n k) / (1/2 + n).
+    """
+    observed = np.array([0.5, 1.5])
+    with pm.Model():
         x = pm.Normal("x", 0, 1, shape=2)
         k = pm.Bernoulli("k", 0.3)
-        pm.Normal("y", x.sum() + k, 1, observed=[0.5, 1.5])
-        idata = pm.sample(step=[AdaptiveHMC(vars=[x]), pm.Metropolis(vars=[k])], tune=200, draws=200, chains=2,
+        pm.Normal("y", x.sum() + k, 1, observed=observed)
+        idata = pm.sample(step=[AdaptiveHMC(vars=[x]), pm.Metropolis(vars=[k])], tune=500, draws=1500, chains=2,
                           cores=1, random_seed=2, progressbar=False, compute_convergence_checks=False)
     assert idata.posterior["k"].values.dtype.kind == "i"
     assert set(np.unique(idata.posterior["k"].values)) <= {0, 1}
     assert "reward" in idata.sample_stats and "max_steps" in idata.sample_stats
+
+    n = len(observed)
+    covariance = 2.0 * np.ones((n, n)) + np.eye(n)
+    log_likelihood = [-0.5 * (observed - kk) @ np.linalg.solve(covariance, observed - kk) for kk in (0, 1)]
+    log_odds = math.log(0.3 / 0.7) + log_likelihood[1] - log_likelihood[0]
+    p_one = 1.0 / (1.0 + math.exp(-log_odds))
+    s_mean_given_k = [(observed.sum() - n * kk) / (0.5 + n) for kk in (0, 1)]
+    s_mean = (1 - p_one) * s_mean_given_k[0] + p_one * s_mean_given_k[1]
+    draws = np.stack([idata.posterior["k"].values.astype(float), idata.posterior["x"].values.sum(-1)], axis=-1)
+    truth = np.array([p_one, s_mean])
+    mean, mcse, effective = _mean_and_mcse(draws)
+    assert np.all(effective > 100), effective  # Metropolis on k mixes slowly; the z-scores need a fair ESS
+    z = (mean - truth) / mcse
+    assert np.all(np.abs(z) < 4.5), (mean, truth, z)
 
 
 def _count_model_calls(step):
