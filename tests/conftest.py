@@ -25,6 +25,16 @@ if os.environ.get(_OPT_ENV) != "default" and "xla_backend_optimization_level" no
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 
+# The suite runs in two xdist workers on two cores.  NumPy's OpenBLAS starts a thread per core and
+# its threads wait for each other by spinning, so while the other worker compiles, every small
+# solve of the NumPy tuner waits out a scheduler time slice: the core tuner's 300-round test took
+# 1.4 s alone and 14-29 s inside the suite (49 s beside two busy processes; 10 s there with one BLAS
+# thread, 2026-11-28).  One BLAS thread per worker; set before NumPy loads, and inherited by the
+# workers and subprocesses.  An explicit setting in the environment wins.
+for _blas_threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_blas_threads, "1")
+
+
 def pytest_configure(config):
     if os.environ.get(_CACHE_ENV) == "off":
         return

@@ -154,6 +154,7 @@ _ENV = {"command": "c", "date_utc": "d", "seed": 0, "cpu_model": "cpu", "nproc":
         "jax_backend": "cpu", "git_commit": "0" * 40, "git_dirty": False}
 
 
+@pytest.mark.slow  # ~25 s; default run under 15 min (2026-11-28)
 def test_ahmc_runner_times_the_engine_phases_apart_and_draws_what_sample_draws():
     """The ahmc_blackjax runner runs the engine's two scans itself (to time them one by one):
     same draws and step counts as ``_jax_engine.sample`` with the same key, measured times."""
@@ -256,7 +257,8 @@ def test_compile_clock_repeats_a_very_short_call_until_its_time_budget_is_spent(
     assert len(clock.repeat_s["capped"]) == 8
 
 
-@pytest.mark.parametrize("sampler", [pytest.param("numpyro_nuts", marks=pytest.mark.slow), "ahmc_numpyro"])  # same code path
+@pytest.mark.parametrize("sampler", [pytest.param("numpyro_nuts", marks=pytest.mark.slow),
+                                     pytest.param("ahmc_numpyro", marks=pytest.mark.slow)])  # same code path, ~28 s
 def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler):
     """The NumPyro runners time a compiled re-run of the sampling phase, which must reproduce MCMC.run's draws."""
     jax = pytest.importorskip("jax")
@@ -270,6 +272,7 @@ def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler):
         assert out.extra["restarts"] == [0.0, 0.0]
 
 
+@pytest.mark.slow  # ~50 s; default run under 15 min (2026-11-28)
 def test_nuts_with_chains_one_after_another_draws_what_vectorized_nuts_draws(jax_x64):
     """chain_method="sequential" (NumPyro's CPU default, and the benchmark's for NumPyro's NUTS) changes the
     loop, not the draws; NumPyro's sampling phase is then timed by a compiled re-run over the chains, which
@@ -339,7 +342,7 @@ def _tiny_command(output):
     ]  # fmt: skip
 
 
-def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
+def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path, jax_x64):
     """The harness end to end on a tiny configuration: a posteriordb model, AHMC and NUTS, the report."""
     pytest.importorskip("blackjax")
     pytest.importorskip("matplotlib")
@@ -380,9 +383,9 @@ def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path):
         assert f"]({figure})" in report and (tmp_path / figure).stat().st_size > 10_000
 
     # --resume with other settings is refused before anything runs (resuming itself: the slow test below).
-    refused = subprocess.run([*command[:-2], "--output", str(output), "--num-samples", "60", "--resume"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert refused.returncode != 0 and "different num_samples" in refused.stderr
+    # In this process (a subprocess would spend ~10 s importing); main() turns x64 on, which jax_x64 undoes.
+    with pytest.raises(SystemExit, match="different num_samples"):
+        run.main([*command[3:-2], "--output", str(output), "--num-samples", "60", "--resume"])
 
 
 @pytest.mark.slow  # three benchmark runs in subprocesses, ~60 s
@@ -727,6 +730,7 @@ def test_engine_overhead_script_times_the_three_ways_and_writes_its_table(tmp_pa
     assert "| corr_gauss_2 | 2 | diagonal | 4 |" in output.with_suffix(".md").read_text()
 
 
+@pytest.mark.slow  # ~12 s; default run under 15 min (2026-11-28)
 def test_grid_ceiling_script_scores_every_arm_and_rechecks_the_best(tmp_path):
     pytest.importorskip("jax")
     from benchmarks import grid_ceiling
@@ -760,6 +764,7 @@ def test_grid_ceiling_takes_its_steps_and_factors_from_the_command_line(tmp_path
     assert " 3 x 2 |" in out.with_suffix(".md").read_text()
 
 
+@pytest.mark.slow  # ~40 s; default run under 15 min (2026-11-28)
 def test_armhmc_runs_on_the_logistic_regressions_and_is_skipped_elsewhere():
     jax = pytest.importorskip("jax")
     model = models.get_model("ripley")
@@ -811,6 +816,7 @@ def test_dense_table_reads_the_committed_results():
     assert "nutpie_low_rank" in dense_table.NUTS_DENSE and "nutpie" in dense_table.NUTS_DIAGONAL
 
 
+@pytest.mark.slow  # ~16 s; default run under 15 min (2026-11-28)
 def test_dense_ahmc_runner_smoke():
     pytest.importorskip("blackjax")
     jax = pytest.importorskip("jax")
@@ -1003,6 +1009,7 @@ def test_dense_auto_excess_sees_the_correlation_of_the_correlated_gaussian():
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="counts Linux memory maps")
+@pytest.mark.slow  # ~20 s; default run under 15 min (2026-11-28)
 def test_finished_runs_give_back_the_memory_maps_of_their_compiled_programs():
     """A long benchmark compiles hundreds of programs in one process; JAX's caches would keep them all,
     with their memory maps, until Linux's vm.max_map_count makes XLA's compiler crash.

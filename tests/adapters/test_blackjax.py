@@ -74,7 +74,7 @@ def test_correlated_gaussian_2d():
     assert np.asarray(info.num_steps)[sampling].mean() > 5
 
 
-@pytest.mark.parametrize("objective", ["normalized_esjd", "esjd_moments"])
+@pytest.mark.parametrize("objective", ["normalized_esjd", pytest.param("esjd_moments", marks=pytest.mark.slow)])
 def test_dense_mass_whitens_a_correlated_gaussian(objective):
     """dense_mass=True: the warm-up learns the full covariance, so a posterior with correlations up to
     0.99 and scales from 0.1 to 10 is sampled with a whitened-scale step size; draws agree with the truth."""
@@ -104,6 +104,7 @@ def test_dense_mass_whitens_a_correlated_gaussian(objective):
     assert np.median(np.asarray(info.step_size)[sampling]) > 0.4
 
 
+@pytest.mark.slow  # ~20 s; default run under 15 min (2026-11-28)
 def test_dense_mass_with_more_dimensions_than_the_first_window_has_draws():
     """120 dimensions, 4 chains: the first mass-matrix window pools 100 draws, a singular estimate. Its
     missed directions must not freeze (with BlackJAX's shrinkage alone they did: the 16 x 16 LGCP had

@@ -89,11 +89,11 @@ def test_hook_options_check_their_input():
     "num_warmup, num_samples, options",
     [
         (100, 57, {}),  # warm-up ends mid-round: a partial round first, whole rounds, a partial last
-        (80, 40, {"pooled": False}),  # rounds aligned with the end of warm-up; one tuner per chain
-        (60, 13, {"round_length": 1}),  # every iteration ends a round: segments of one-iteration rounds
+        pytest.param(80, 40, {"pooled": False}, marks=pytest.mark.slow),  # aligned rounds; one tuner per chain
+        pytest.param(60, 13, {"round_length": 1}, marks=pytest.mark.slow),  # every iteration ends a round
         pytest.param(100, 35, {"round_end_fn": recording_hook, "chain_data": jnp.asarray(MEANS), "round_length": 7},
                      marks=pytest.mark.slow),  # ~11 s; hooks and chain data also run in the test above
-        (100, 45, {"super_transitions": 30}),  # rounds of varying length: plain per-iteration scan
+        pytest.param(100, 45, {"super_transitions": 30}, marks=pytest.mark.slow),  # plain per-iteration scan
     ],
 )
 def test_scan_draws_gives_what_scanning_step_gives(num_warmup, num_samples, options):

@@ -43,6 +43,7 @@ def trapped_start(num_chains):
     return jnp.asarray(positions)
 
 
+@pytest.mark.slow  # ~20 s; the engine's own restart test stays; default run under 15 min (2026-11-28)
 def test_numpyro_vectorized_chains_recover_from_a_trapped_chain():
     kernel = AdaptiveHMC(potential_fn=lambda x: -trapped_logdensity(x))
     mcmc = MCMC(kernel, num_warmup=400, num_samples=1000, num_chains=4, chain_method="vectorized",
@@ -63,6 +64,7 @@ def test_numpyro_vectorized_chains_recover_from_a_trapped_chain():
     assert np.all(step_size > 0.3)
 
 
+@pytest.mark.slow  # ~18 s; default run under 15 min (2026-11-28)
 def test_two_chains_cannot_restart_but_warn():
     """With 2 chains the median cannot tell which chain is lost: no restart, a warning instead."""
     with pytest.warns(UserWarning, match=r"chain\(s\) \[1\]"):

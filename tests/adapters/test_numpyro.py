@@ -149,7 +149,7 @@ def test_esjd_moments_objective_reaches_the_engine():
     assert abs(float(jnp.mean(mcmc.get_samples()["mu"])) - float(np.mean(DATA))) < 0.2  # posterior sd 0.32
 
 
-@pytest.mark.parametrize("dense_mass", [True, "auto"])
+@pytest.mark.parametrize("dense_mass", [True, pytest.param("auto", marks=pytest.mark.slow)])
 def test_dense_mass_samples_a_correlated_gaussian(x64, dense_mass):
     """dense_mass=True (NumPyro's name): the learned dense matrix whitens correlation 0.99, so the step size
     is whitened-scale (a diagonal one needs ~0.1); the draws agree with the truth. "auto" keeps it too."""

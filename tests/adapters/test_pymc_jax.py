@@ -32,7 +32,7 @@ def sample_numpyro_ahmc(*args, **kwargs):
 
 @pytest.mark.parametrize("name", [
     "eight_schools-eight_schools_noncentered",  # a Deterministic and a log-transformed scale
-    "low_dim_gauss_mix-low_dim_gauss_mix",      # ordered and logit transforms
+    pytest.param("low_dim_gauss_mix-low_dim_gauss_mix", marks=pytest.mark.slow),  # ordered, logit transforms
 ])
 def test_posteriordb_reference(name):
     ref = load_reference(name)
@@ -50,6 +50,7 @@ def test_gaussian_moments_and_pooled_tuner():
         assert (values == values[:1]).all(), name
 
 
+@pytest.mark.slow  # ~30 s; default run under 15 min (2026-11-28)
 def test_riemannian_samples_a_correlated_gaussian_and_reports_the_solver():
     cov = np.array([[1.0, 0.99], [0.99, 1.0]])
     with pm.Model() as model:
@@ -106,6 +107,7 @@ def test_datatree_has_pymc_names_coords_and_the_tuning_history():
     assert abs(everything.strongest_correlation[0]) > 0.99
 
 
+@pytest.mark.slow  # ~45 s; default run under 15 min (2026-11-28)
 def test_random_seed_reproduces_draws():
     runs = [sample_numpyro_ahmc(model=gaussian_model(), draws=50, tune=100, chains=2, random_seed=seed, **QUIET)
             for seed in (5, 5, 6)]
@@ -114,12 +116,14 @@ def test_random_seed_reproduces_draws():
     assert not np.array_equal(first, other)
 
 
+@pytest.mark.slow  # ~22 s; default run under 15 min (2026-11-28)
 def test_one_chain_has_pymc_shapes():
     tree = sample_numpyro_ahmc(model=gaussian_model(), draws=60, tune=100, chains=1, random_seed=1, **QUIET)
     assert tree.posterior["x"].shape == (1, 60, len(SCALES))
     assert tree.sample_stats["n_steps"].shape == (1, 60)
 
 
+@pytest.mark.slow  # ~22 s; default run under 15 min (2026-11-28)
 def test_knobs_reach_the_kernel():
     tree = sample_numpyro_ahmc(model=gaussian_model(), draws=50, tune=200, chains=2, random_seed=1,
                                step_size_bounds=(0.05, 0.06), num_steps_bounds=(3, 4), **QUIET)
