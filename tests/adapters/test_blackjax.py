@@ -137,6 +137,7 @@ def test_dense_mass_checks_the_inverse_mass_matrix_shape():
     assert np.all(np.isfinite(np.asarray(new.position)))
 
 
+@pytest.mark.slow  # ~26 s; PyMC's dense_mass='auto' test stays; default run under 15 min (2026-11-28)
 def test_dense_mass_auto_keeps_the_dense_matrix_only_for_correlated_posteriors():
     """dense_mass="auto": a posterior with correlations 0.9^|i-j| keeps the dense estimate; independent
     coordinates of very different scales get its diagonal (held as a (d, d) matrix). Draws agree with the

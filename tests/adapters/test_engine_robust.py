@@ -109,6 +109,7 @@ def test_lost_chains_rule():
     assert not np.asarray(lost_chains(window([-1, -1, -9, -1], [0.1] * 4, [0.8] * 4))).any()
 
 
+@pytest.mark.slow  # ~16 s; default run under 15 min (2026-11-28)
 def test_the_engine_gives_the_rule_its_deadline(monkeypatch):
     """The warm-up's chain checks pass the metric-phase iterations left, so slow arrivals count as lost."""
     from ahmc.adapters import _jax_engine

@@ -166,6 +166,7 @@ def normal_mean_model(X, y=None):
         numpyro.sample("y", dist.Normal(mu + 0.0 * X[:, 0], 1.0), obs=y)
 
 
+@pytest.mark.slow  # ~17 s; the fold-chain test above stays; default run under 15 min (2026-11-28)
 def test_numpyro_fold_chains_sample_their_own_fold_posterior():
     """Each chain's draws of mu match the conjugate posterior given its training cases only
     (z-tests with ESS-based standard errors; each chain split in two halves for R-hat)."""

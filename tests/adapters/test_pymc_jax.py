@@ -68,6 +68,7 @@ def test_riemannian_samples_a_correlated_gaussian_and_reports_the_solver():
     assert "one pooled tuner" in tuning_summary(history_from_datatree(tree))
 
 
+@pytest.mark.slow  # ~28 s; default run under 15 min (2026-11-28)
 def test_datatree_has_pymc_names_coords_and_the_tuning_history():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 2))
