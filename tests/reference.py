@@ -309,6 +309,20 @@ def _zscore(estimate: Any, expected: Any, error: Any) -> np.ndarray:
 # --------------------------------------------------------------------------- #
 
 
+PIMA_LOGISTIC_REFERENCE = Path(__file__).resolve().parent / "adapters" / "data" / "pima_logistic_reference.json"
+
+
+def load_pima_logistic_reference() -> dict[str, Any]:
+    """The long NUTS run of the Pima logistic regression (``benchmarks.pima_reference``) in the form
+    :func:`zscores_against_reference` takes: names ``x[1]`` (the intercept) to ``x[8]``, moments and MCSEs."""
+    raw = _read_json(PIMA_LOGISTIC_REFERENCE)
+    reference: dict[str, Any] = {"names": raw["names"]}
+    for moment in ("mean", "mean_squared"):
+        reference[moment] = dict(zip(raw["names"], raw[moment]))
+        reference[f"{moment}_mcse"] = dict(zip(raw["names"], raw[f"{moment}_mcse"]))
+    return reference
+
+
 def zscores_against_reference(
     draws: dict[str, Any],
     reference: dict[str, Any] | str,

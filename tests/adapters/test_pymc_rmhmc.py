@@ -7,8 +7,6 @@ and a long NUTS run (Pima logistic regression with the Fisher metric).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,14 +26,19 @@ from ahmc.adapters.pymc import (  # noqa: E402
     fisher_logistic_metric,
 )
 from ahmc.core.diagnostics import replay  # noqa: E402
-from tests.reference import assert_moments_match, bulk_ess, split_rhat, zscores_against_reference  # noqa: E402
+from tests.reference import (  # noqa: E402
+    assert_moments_match,
+    bulk_ess,
+    load_pima_logistic_reference,
+    split_rhat,
+    zscores_against_reference,
+)
 
 from ..core.test_diagnostics import assert_same_tuner  # noqa: E402
 
 RHO = 0.99
 COV = np.array([[1.0, RHO], [RHO, 1.0]])
 FUNNEL_DIM = 10  # v and 9 x's
-PIMA_REFERENCE = Path(__file__).resolve().parent / "data" / "pima_logistic_reference.json"
 QUIET = dict(progressbar=False, compute_convergence_checks=False)
 
 
@@ -266,11 +269,7 @@ def pima():
 
 
 def test_pima_logistic_fisher_metric_matches_nuts():
-    reference = json.loads(PIMA_REFERENCE.read_text())
-    ref = {"names": reference["names"]}
-    for moment in ("mean", "mean_squared"):
-        ref[moment] = dict(zip(reference["names"], reference[moment]))
-        ref[f"{moment}_mcse"] = dict(zip(reference["names"], reference[f"{moment}_mcse"]))
+    ref = load_pima_logistic_reference()
     model, metric = pima()
     with model:
         tree = pm.sample(tune=300, draws=500, chains=4, cores=2, step=AdaptiveRMHMC(metric=metric), random_seed=5,

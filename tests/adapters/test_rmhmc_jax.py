@@ -5,9 +5,7 @@ for the mean and the second central moment (|z| < 4.5), bulk ESS >= 200 and
 split R-hat < 1.01 (``tests/reference.py``).  Everything runs in float64.
 """
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,10 +32,9 @@ from ahmc.adapters.blackjax import (  # noqa: E402
     uniform_steps_rmhmc,
 )
 
-from ..reference import assert_moments_match, zscores_against_reference  # noqa: E402
+from ..reference import assert_moments_match, load_pima_logistic_reference, zscores_against_reference  # noqa: E402
 
 NUM_CHAINS = 4
-PIMA_REFERENCE = Path(__file__).resolve().parent / "data" / "pima_logistic_reference.json"
 COVARIANCE = np.array([[1.0, 0.99], [0.99, 1.0]])
 PRECISION = np.linalg.inv(COVARIANCE)
 # Neal's funnel: v ~ N(0, 3^2), x_i | v ~ N(0, exp(v/2)^2).  For the tests we look at v and
@@ -339,11 +336,7 @@ def test_pima_logistic_regression_fisher_metric_agrees_with_nuts():
                                      metric=fisher_logistic_metric(design, prior_variance=100.0))
     assert np.mean(info.fixed_point_converged[400:]) > 0.95  # sampling phase
 
-    reference = json.loads(PIMA_REFERENCE.read_text())
-    ref = {"names": reference["names"]}  # x[1] (the intercept) to x[8], the order of the flat position
-    for moment in ("mean", "mean_squared"):
-        ref[moment] = dict(zip(reference["names"], reference[moment]))
-        ref[f"{moment}_mcse"] = dict(zip(reference["names"], reference[f"{moment}_mcse"]))
+    ref = load_pima_logistic_reference()  # x[1] (the intercept) to x[8], the order of the flat position
     draws = {"x": np.asarray(samples)}
     for moment in ("mean", "mean_squared"):
         z = zscores_against_reference(draws, ref, moment=moment)
