@@ -249,6 +249,8 @@ def test_min_steps_fraction_reaches_the_sampling_kernel_and_is_checked():
         uniform_steps_hmc(standard_normal, 0.1, jnp.ones(3), 5, min_steps_fraction=-1)
 
 
+# ~17-21 s; NumPyro's test_esjd_moments_objective_reaches_the_engine keeps the objective in the default run.
+@pytest.mark.slow
 def test_esjd_moments_measures_squares_about_the_window_mean_and_samples_the_target():
     """objective="esjd_moments": the squares are centred on the last mass-matrix window's mean (near the
     true mean after warm-up), every round's reward is finite, and the draws agree with the target."""

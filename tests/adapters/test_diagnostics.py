@@ -243,6 +243,7 @@ def test_datatree_history_reads_the_posterior_correlation(numpyro_run):
     assert "Hint:" not in tuning_summary(dense)
 
 
+@pytest.mark.slow  # ~20 s; the DataTree test above keeps the correlation hint in the default run
 def test_blackjax_history_reads_the_correlation_of_the_samples():
     pytest.importorskip("blackjax")
     from ahmc.adapters.blackjax import run_chains

@@ -363,6 +363,9 @@ def test_constant_metric_is_plain_dense_hmc():
     np.testing.assert_array_equal(new_ours.position, new_theirs.position)
 
 
+# ~20-30 s.  The routine also runs in test_automatic_box_integration_time_follows_the_metric, the kernel's
+# step in test_constant_metric_is_plain_dense_hmc.
+@pytest.mark.slow
 def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
     warmup = gpucb_rmhmc_adaptation(correlated_gaussian)
     (state, parameters), adaptation = warmup.run(jax.random.key(11), starts(12, 2), 400)
