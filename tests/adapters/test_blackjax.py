@@ -409,7 +409,7 @@ def test_parameters_work_in_plain_blackjax_loop(warmed_up):
     assert_moments_match(np.swapaxes(np.asarray(draws), 0, 1), np.zeros(5), np.ones(5))
 
 
-@pytest.mark.slow  # the same engine is checked by test_numpyro.py::test_same_key_same_draws_and_different_key_different_draws
+@pytest.mark.slow  # the same engine is checked by test_numpyro.py::test_same_key_same_draws_different_key_different_draws_and_continuation
 def test_same_key_same_draws():
     positions = initial_positions(13, 3)
     first, info = run_chains(jax.random.key(14), standard_normal, positions, 200, 100)

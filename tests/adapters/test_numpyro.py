@@ -114,9 +114,22 @@ def test_upper_half_jitter_agrees_with_the_truth(x64):
     assert np.all((taken >= lowest) & (taken <= arm)) and np.any(taken == lowest)
 
 
-def test_same_key_same_draws_and_different_key_different_draws():
+def assert_continuation_carries_the_tuner_over(mcmc, num_chains, num_samples):
+    """``post_warmup_state = last_state`` and run again: the tuner goes on where it stopped."""
+    rounds_first = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["tuning_round"])
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.post_warmup_state.rng_key, DATA)
+    rounds_second = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["tuning_round"])
+    assert rounds_second.shape == (num_chains, num_samples)
+    # the round counter keeps going: the tuner state was not reset
+    assert rounds_second.min() >= rounds_first.max()
+    assert np.asarray(mcmc.get_samples(group_by_chain=True)["mu"]).shape == (num_chains, num_samples)
+
+
+def test_same_key_same_draws_different_key_different_draws_and_continuation():
     # One MCMC object run three times (its compiled sampler is cached, which keeps the test short);
-    # a kernel that kept state from one run to the next would fail the first comparison.
+    # a kernel that kept state from one run to the next would fail the first comparison.  Then a
+    # continuation from the last state (vectorized; the sequential one is the slow test below).
     mcmc = run(AdaptiveHMC(normal_model), DATA, seed=5, warmup=100, samples=50)
     a = mcmc.get_samples()["mu"]
     mcmc.run(jax.random.key(5), DATA)
@@ -125,19 +138,13 @@ def test_same_key_same_draws_and_different_key_different_draws():
     c = mcmc.get_samples()["mu"]
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert not np.array_equal(np.asarray(a), np.asarray(c))
+    assert_continuation_carries_the_tuner_over(mcmc, num_chains=4, num_samples=50)
 
 
-@pytest.mark.parametrize("chain_method", [pytest.param("sequential", marks=pytest.mark.slow), "vectorized"])
-def test_continuation_carries_the_tuner_over(chain_method):
-    mcmc = run(AdaptiveHMC(normal_model), DATA, num_chains=2, chain_method=chain_method, warmup=200, samples=100)
-    rounds_first = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["tuning_round"])
-    mcmc.post_warmup_state = mcmc.last_state
-    mcmc.run(mcmc.post_warmup_state.rng_key, DATA)
-    rounds_second = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["tuning_round"])
-    assert rounds_second.shape == (2, 100)
-    # the round counter keeps going: the tuner state was not reset
-    assert rounds_second.min() >= rounds_first.max()
-    assert np.asarray(mcmc.get_samples(group_by_chain=True)["mu"]).shape == (2, 100)
+@pytest.mark.slow  # the vectorized continuation runs in the test above
+def test_sequential_continuation_carries_the_tuner_over():
+    mcmc = run(AdaptiveHMC(normal_model), DATA, num_chains=2, chain_method="sequential", warmup=200, samples=100)
+    assert_continuation_carries_the_tuner_over(mcmc, num_chains=2, num_samples=100)
 
 
 def test_esjd_moments_objective_reaches_the_engine():
