@@ -2,8 +2,8 @@
 
 Writes ``tests/adapters/data/pima_logistic_reference.json``: per coefficient (Stan-style
 names ``x[1]``..``x[8]``) the posterior mean and mean square with their Monte Carlo standard
-errors (sd / sqrt(bulk ESS)), in the format ``tests.reference.zscores_against_reference``
-reads.  Run: ``./dev run python -m benchmarks.pima_reference`` (about a minute).
+errors (sd / sqrt(bulk ESS)); ``tests.reference.load_pima_logistic_reference`` reads it into
+the form ``tests.reference.zscores_against_reference`` takes.  Run: ``./dev run python -m benchmarks.pima_reference`` (about a minute).
 """
 
 from __future__ import annotations

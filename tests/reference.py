@@ -318,8 +318,8 @@ def load_pima_logistic_reference() -> dict[str, Any]:
     raw = _read_json(PIMA_LOGISTIC_REFERENCE)
     reference: dict[str, Any] = {"names": raw["names"]}
     for moment in ("mean", "mean_squared"):
-        reference[moment] = dict(zip(raw["names"], raw[moment]))
-        reference[f"{moment}_mcse"] = dict(zip(raw["names"], raw[f"{moment}_mcse"]))
+        reference[moment] = dict(zip(raw["names"], raw[moment], strict=True))
+        reference[f"{moment}_mcse"] = dict(zip(raw["names"], raw[f"{moment}_mcse"], strict=True))
     return reference
 
 

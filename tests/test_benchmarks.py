@@ -257,8 +257,8 @@ def test_compile_clock_repeats_a_very_short_call_until_its_time_budget_is_spent(
     assert len(clock.repeat_s["capped"]) == 8
 
 
-@pytest.mark.parametrize("sampler", [pytest.param("numpyro_nuts", marks=pytest.mark.slow),
-                                     pytest.param("ahmc_numpyro", marks=pytest.mark.slow)])  # same code path, ~28 s
+@pytest.mark.slow  # ~28 s each
+@pytest.mark.parametrize("sampler", ["numpyro_nuts", "ahmc_numpyro"])  # same code path
 def test_numpyro_sampling_is_retimed_ahead_of_time_with_the_same_draws(sampler):
     """The NumPyro runners time a compiled re-run of the sampling phase, which must reproduce MCMC.run's draws."""
     jax = pytest.importorskip("jax")

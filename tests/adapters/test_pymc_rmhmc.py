@@ -7,7 +7,6 @@ and a long NUTS run (Pima logistic regression with the Fisher metric).
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
