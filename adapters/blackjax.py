@@ -255,8 +255,8 @@ def run_chains(
 # --------------------------------------------------------------------------- #
 #
 # Same knobs as the HMC entry points, plus ``metric`` ("softabs" (default), a
-# callable flat_position -> (d, d) matrix, fisher_logistic_metric(X) or
-# constant_metric(G)), ``softabs_alpha`` (1e6), ``fixed_point_tolerance``
+# callable flat_position -> (d, d) matrix or (d,) diagonal (elementwise, far
+# cheaper), fisher_logistic_metric(X) or constant_metric(G)), ``softabs_alpha`` (1e6), ``fixed_point_tolerance``
 # (max-abs change of the iterates; None = 1e-6 in float64, 1e-4 in float32) and
 # ``max_fixed_point_iterations`` (30).  ``adapt_mass_matrix`` and
 # ``inverse_mass_matrix`` do not apply (G(x) is the metric).

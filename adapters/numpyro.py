@@ -312,7 +312,8 @@ class AdaptiveRMHMC(AdaptiveHMC):
         ``"softabs"`` (default): SoftAbs of the Hessian of the potential
         (Betancourt 2013); a callable ``flat_position -> (d, d)`` metric of the
         flattened unconstrained position (sites in sorted-name order, as
-        ``jax.flatten_util.ravel_pytree`` flattens the dict); e.g.
+        ``jax.flatten_util.ravel_pytree`` flattens the dict), or ``-> (d,)`` for a
+        diagonal metric (elementwise algebra: far cheaper than its matrix); e.g.
         ``fisher_logistic_metric(X)``; or ``constant_metric(G)`` (plain HMC
         with the dense inverse mass matrix ``G^{-1}``, no implicit solver).
     softabs_alpha

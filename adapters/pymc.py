@@ -700,13 +700,14 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
     if metric is None:
         matrix = _jacobian(-grad, flat)
     else:
-        matrix = pt.as_tensor_variable(metric(flat))
-        if matrix.ndim != 2:
-            raise ValueError(f"metric(position) must return a (d, d) matrix with d = {size}; it returned a "
-                             f"{matrix.ndim}-d tensor.")
-        matrix = pt.cast(matrix, "float64")
+        matrix = pt.cast(pt.as_tensor_variable(metric(flat)), "float64")
+        if matrix.ndim not in (1, 2):
+            raise ValueError(f"metric(position) must return a (d, d) matrix, or a (d,) vector for a diagonal "
+                             f"metric, with d = {size}; it returned a {matrix.ndim}-d tensor.")
         _check_initial_metric(compile_pytensor([flat], matrix, givens=givens, on_unused_input="ignore",
                                                mode="FAST_COMPILE"), step, initial_point)
+        if matrix.ndim == 1:  # a diagonal metric, BlackJAX's convention (the JAX adapters' fast route)
+            matrix = pt.diag(matrix)
     derivative = _jacobian(matrix.ravel(), flat).reshape((size, size, size)).transpose(2, 0, 1)
     # PyMC's compile turns parameter checks into -inf (as its own logp function does), not errors.
     function = compile_pytensor([flat], [cost, grad, matrix, derivative], givens=givens, on_unused_input="ignore")
@@ -725,9 +726,14 @@ def _check_initial_metric(metric_function, step, initial_point):
     """Before any derivative is compiled: the user's metric at the initial point must be (d, d) SPD."""
     x = np.concatenate([np.ravel(initial_point[v.name]) for v in step.vars]).astype(np.float64)
     matrix = np.asarray(metric_function(x))
+    if matrix.shape == (len(x),):
+        if not (np.all(np.isfinite(matrix)) and np.all(matrix > 0)):
+            raise ValueError(f"metric returned a diagonal with non-positive or non-finite entries at the initial "
+                             f"point ({matrix}); a diagonal metric must be finite and > 0 everywhere.")
+        return
     if matrix.shape != (len(x), len(x)):
-        raise ValueError(f"metric(position) must return a ({len(x)}, {len(x)}) matrix for the flat position of "
-                         f"{step.vars}; it returned shape {matrix.shape}.")
+        raise ValueError(f"metric(position) must return a ({len(x)}, {len(x)}) matrix, or a ({len(x)},) vector for "
+                         f"a diagonal metric, for the flat position of {step.vars}; it returned shape {matrix.shape}.")
     _check_spd(matrix, "metric", where=" at the initial point")
 
 
@@ -860,7 +866,9 @@ class AdaptiveRMHMC(AdaptiveHMC):
         ``None`` (default): SoftAbs of the Hessian of ``-log pi`` (Betancourt 2013).  A callable
         gets the flat PyTensor position (the step's value variables raveled in model order,
         transformed, e.g. ``sigma_log__``) and returns a PyTensor ``(d, d)`` symmetric
-        positive-definite matrix; its derivatives come from PyTensor.
+        positive-definite matrix, or a positive ``(d,)`` vector for a diagonal metric (BlackJAX's
+        convention; here it is made a matrix, the JAX adapters keep it elementwise); its
+        derivatives come from PyTensor.
         :func:`fisher_logistic_metric` and :func:`constant_metric` build common ones; a
         constant metric runs ordinary HMC with PyMC's dense ``QuadPotentialFull``.
     softabs_alpha : float
@@ -904,7 +912,8 @@ class AdaptiveRMHMC(AdaptiveHMC):
                                  f"metric=constant_metric(M) for a fixed mass matrix M, or use AdaptiveHMC.")
         if not (metric is None or callable(metric)):
             raise ValueError(f"metric must be None (SoftAbs), a callable of the flat position returning a (d, d) "
-                             f"matrix, fisher_logistic_metric(X) or constant_metric(M); got {metric!r}.")
+                             f"matrix or (d,) diagonal, fisher_logistic_metric(X) or constant_metric(M); "
+                             f"got {metric!r}.")
         if not (isinstance(softabs_alpha, (int, float)) and math.isfinite(softabs_alpha) and softabs_alpha > 0):
             raise ValueError(f"softabs_alpha must be a finite number > 0 (e.g. 1e6); got {softabs_alpha!r}.")
         if not (isinstance(fixed_point_tolerance, (int, float)) and 0 < fixed_point_tolerance < 1):

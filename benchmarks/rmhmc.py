@@ -78,18 +78,21 @@ def funnel_model(dim: int = 10) -> Model:
     return Model("funnel", logdensity_fn, dim, np.zeros(dim), f"Neal's funnel, d = {dim}")
 
 
-def funnel_fisher_metric(dim: int):
+def funnel_fisher_metric(dim: int, dense: bool = False):
     """The funnel's expected Fisher information plus prior precision, a user-supplied metric.
 
     The Hessian of -log p averaged over x | v: ``diag(1/9 + (dim - 1)/2, exp(-v), ..., exp(-v))``
     (the cross terms ``-x_i exp(-v)`` average to zero).  Diagonal, positive definite everywhere and
     cheap: what a user who knows the model's hierarchy would hand ``metric=`` instead of SoftAbs.
+    Returned as its ``(dim,)`` diagonal (the adapters' diagonal route), or with ``dense=True`` as
+    the ``(dim, dim)`` matrix (the generic route, sampler ``armhmc_fisher_dense``: same chains to
+    rounding, more time per unit).
     """
     import jax.numpy as jnp
 
     def metric(x):
-        scale = jnp.exp(-x[0]) * jnp.ones(dim - 1)
-        return jnp.diag(jnp.concatenate([jnp.full((1,), 1.0 / 9.0 + (dim - 1) / 2.0), scale]))
+        diagonal = jnp.concatenate([jnp.full((1,), 1.0 / 9.0 + (dim - 1) / 2.0), jnp.exp(-x[0]) * jnp.ones(dim - 1)])
+        return jnp.diag(diagonal) if dense else diagonal
 
     return metric
 
@@ -237,15 +240,22 @@ def _armhmc_fp10(rng_key, model, positions, num_warmup, num_samples, metric, **o
                       **{"max_fixed_point_iterations": 10, **options})
 
 
-def _armhmc_fisher(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+def _armhmc_fisher(rng_key, model, positions, num_warmup, num_samples, metric, dense=False,
+                   **options) -> SamplerRun:
     """ARMHMC on the funnel with its expected Fisher information (:func:`funnel_fisher_metric`)
     as a user-supplied metric instead of the generic SoftAbs."""
     del metric
     if model.name != "funnel":
         raise ValueError("armhmc_fisher is the funnel's metric; the logistic regressions' armhmc already "
                          "uses their Fisher metric")
-    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, funnel_fisher_metric(model.dim),
-                      **options)
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples,
+                      funnel_fisher_metric(model.dim, dense=dense), **options)
+
+
+def _armhmc_fisher_dense(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+    """``armhmc_fisher`` with the metric given as a (d, d) matrix: the generic route (Cholesky factor,
+    (d, d, d) derivative tensor) that the funnel's diagonal metric took until 2026-11-28."""
+    return _armhmc_fisher(rng_key, model, positions, num_warmup, num_samples, metric, dense=True, **options)
 
 
 def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
@@ -281,6 +291,7 @@ def runner(name: str):
 
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
             "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "armhmc_fisher": _armhmc_fisher,
+            "armhmc_fisher_dense": _armhmc_fisher_dense,
             "blackjax_nuts": _nuts, "blackjax_nuts_sequential": _nuts_sequential,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)

@@ -22,9 +22,11 @@ def funnel(dim=5):
 
 
 def fisher_metric(flat):
-    """Expected Fisher information plus prior precision; `flat` is (v, x_1, ...) (sites in name order)."""
+    """Expected Fisher information plus prior precision; `flat` is (v, x_1, ...) (sites in name order).
+
+    It is diagonal, so return the diagonal: a (d,) vector takes elementwise algebra instead of a (d, d) matrix's."""
     v, dim = flat[0], flat.shape[0]
-    return jnp.diag(jnp.concatenate([jnp.full((1,), 1 / 9 + (dim - 1) / 2), jnp.exp(-v) * jnp.ones(dim - 1)]))
+    return jnp.concatenate([jnp.full((1,), 1 / 9 + (dim - 1) / 2), jnp.exp(-v) * jnp.ones(dim - 1)])
 
 
 def main(num_warmup=300, num_samples=500, metric="softabs"):

@@ -655,7 +655,8 @@ def test_funnel_fisher_metric_is_the_expected_hessian_of_the_negative_log_densit
     hessian = jax.vmap(jax.hessian(lambda x: -funnel_model(dim).logdensity_fn(x)))
     rest = np.exp(v / 2) * np.random.default_rng(1).normal(size=(20000, dim - 1))
     expected = np.asarray(hessian(jnp.asarray(np.column_stack([np.full(len(rest), v), rest])))).mean(axis=0)
-    metric = np.asarray(funnel_fisher_metric(dim)(jnp.asarray([v, 5.0, -3.0, 0.1])))  # depends on v only
+    metric = np.asarray(funnel_fisher_metric(dim, dense=True)(jnp.asarray([v, 5.0, -3.0, 0.1])))  # depends on v only
+    np.testing.assert_array_equal(np.diag(metric), funnel_fisher_metric(dim)(jnp.asarray([v, 1.0, 2.0, 3.0])))
     # Monte Carlo error of the average: about 0.01 relative on the diagonal, 0.01 exp(-v) off it.
     np.testing.assert_allclose(metric, expected, atol=0.06)
     assert metric[0, 0] == pytest.approx(1 / 9 + (dim - 1) / 2) and np.count_nonzero(metric - np.diag(np.diag(metric))) == 0

@@ -327,6 +327,21 @@ def test_unconverged_fixed_point_is_reported_and_rejected(one_iteration_funnel_s
         np.testing.assert_array_equal(new["x"], point["x"])
 
 
+def test_a_diagonal_metric_is_its_diagonal_matrix():
+    """A (d,) vector from metric= is diag(vector): the same chain as the (d, d) matrix, draw for draw."""
+    def diagonal(x):
+        return pm.math.stack([1.0 + x[0] ** 2, pm.math.exp(0.3 * x[0])])
+
+    draws = []
+    for metric in (diagonal, lambda x: pm.math.diag(diagonal(x))):
+        with correlated_gaussian():
+            tree = pm.sample(tune=30, draws=20, chains=1, step=AdaptiveRMHMC(metric=metric), random_seed=3,
+                             **QUIET)
+        draws.append(tree.posterior["x"].values)
+    assert np.ptp(draws[0]) > 0
+    np.testing.assert_array_equal(draws[0], draws[1])
+
+
 # ---- bad input -------------------------------------------------------------------------------
 
 def test_bad_user_metric_raises_before_sampling():
@@ -337,6 +352,10 @@ def test_bad_user_metric_raises_before_sampling():
             AdaptiveRMHMC(metric=lambda x: pm.math.stack([[1.0 + x[0] ** 2, 0.0], [0.0, -1.0]]))
         with pytest.raises(ValueError, match=r"\(2, 2\) matrix"):
             AdaptiveRMHMC(metric=lambda x: 1.0 + x[0] ** 2 * pm.math.ones((3, 3)))
+        with pytest.raises(ValueError, match="diagonal with non-positive"):
+            AdaptiveRMHMC(metric=lambda x: pm.math.stack([1.0 + x[0] ** 2, -1.0]))
+        with pytest.raises(ValueError, match=r"\(2,\) vector"):
+            AdaptiveRMHMC(metric=lambda x: 1.0 + x[0] ** 2 * pm.math.ones(3))
         with pytest.raises(ValueError, match="3 x 3.*2 coordinates"):
             AdaptiveRMHMC(metric=constant_metric(np.eye(3)))
 

@@ -16,7 +16,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import blackjax  # noqa: E402
 import blackjax.mcmc.metrics as bj_metrics  # noqa: E402
-from ahmc.adapters._jax_metrics import riemannian_from_callable, softabs_metric  # noqa: E402
+from ahmc.adapters._jax_metrics import (riemannian_for, riemannian_from_callable, riemannian_from_diagonal,  # noqa: E402
+                                       softabs_metric)
 from ahmc.adapters._jax_rmhmc import (  # noqa: E402
     LeapfrogState,
     build_rmhmc_engine,
@@ -88,12 +89,16 @@ def quartic(x):
     return -0.5 * x @ a @ x - 0.1 * jnp.sum(x**4)
 
 
-@pytest.mark.parametrize("kind", ["softabs_sharp", "softabs_soft", "fisher", "callable"])
+@pytest.mark.parametrize("kind", ["softabs_sharp", "softabs_soft", "fisher", "callable", "diagonal"])
 def test_metric_gradients_match_autodiff_and_blackjax_kinetic_energy(kind):
     x = jnp.array([3.0, 0.4, -2.9])
     p = jnp.array([0.7, -1.3, 0.2])
     if kind == "callable":  # a generic user metric: derivative tensor by jax.jacfwd
         metric = riemannian_from_callable(lambda y: jnp.diag(1.0 + y**2) + 0.1 * jnp.outer(jnp.sin(y), jnp.sin(y)))
+    elif kind == "diagonal":  # a (d,) vector: elementwise algebra, a (d, d) Jacobian; every coordinate's g
+        # depends on the others so that the Jacobian's off-diagonal terms are exercised
+        metric = riemannian_for(lambda y: jnp.exp(0.3 * y + 0.2 * jnp.roll(y, 1)) + y**2, x)
+        assert metric.matrix(x).shape == (3,)
     elif kind == "fisher":
         design = np.random.default_rng(0).normal(size=(40, 3))
         metric = fisher_logistic_metric(design, prior_variance=4.0).riemannian()  # closed-form derivatives
@@ -127,7 +132,7 @@ def test_metric_gradients_match_autodiff_and_blackjax_kinetic_energy(kind):
     np.testing.assert_allclose(velocity, auto_p, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(velocity_at, auto_p, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(energy, blackjax_energy, rtol=1e-12)
-    assert np.linalg.eigvalsh(np.asarray(matrix)).min() > 0
+    assert np.linalg.eigvalsh(np.diag(matrix) if kind == "diagonal" else np.asarray(matrix)).min() > 0
 
 
 def test_softabs_gradient_is_finite_with_repeated_eigenvalues():
@@ -180,7 +185,7 @@ def _logistic_target():
     return logdensity, fisher_logistic_metric(design).riemannian()
 
 
-@pytest.mark.parametrize("kind", ["softabs_quartic", "fisher_logistic", "softabs_funnel"])
+@pytest.mark.parametrize("kind", ["softabs_quartic", "fisher_logistic", "softabs_funnel", "diagonal_funnel"])
 def test_generalized_leapfrog_is_reversible_and_volume_preserving(kind):
     """Forward, flip p, forward returns to the start; det of the flow's Jacobian is 1 (to solver tolerance).
 
@@ -192,6 +197,10 @@ def test_generalized_leapfrog_is_reversible_and_volume_preserving(kind):
     elif kind == "fisher_logistic":
         logdensity, metric = _logistic_target()
         z0 = jnp.array([0.3, -0.2, 0.5, 0.1, 1.0, -2.0, 0.5, 0.7])
+    elif kind == "diagonal_funnel":  # the funnel's expected Fisher information as a (d,) diagonal
+        logdensity = funnel
+        metric = riemannian_from_diagonal(lambda x: jnp.concatenate([jnp.array([1 / 9 + 2.0]), jnp.exp(-x[0]) * jnp.ones(4)]))
+        z0 = jnp.array([1.0, 0.5, -1.2, 2.0, 0.3, 0.5, -1.0, 0.3, 0.2, -0.7])
     else:
         logdensity, metric = funnel, softabs_metric(funnel)
         z0 = jnp.array([1.0, 0.5, -1.2, 2.0, 0.3, 0.0, 0.8, -1.5, 1.1, 0.4,
@@ -247,7 +256,7 @@ def test_position_solve_finds_the_plain_iterations_solution_with_fewer_metric_va
 
 
 def test_a_failed_fixed_point_solve_rejects_the_proposal():
-    kernel = build_rmhmc_kernel(lambda logp: softabs_metric(logp), fixed_point_tolerance=1e-300,
+    kernel = build_rmhmc_kernel(lambda logp, _: softabs_metric(logp), fixed_point_tolerance=1e-300,
                                 max_fixed_point_iterations=1)
     position = jnp.array([1.0, 0.5, -0.3])  # funnel: the metric varies, so a solve needs iterations
     state = blackjax.mcmc.hmc.init(position, funnel)
@@ -257,7 +266,7 @@ def test_a_failed_fixed_point_solve_rejects_the_proposal():
     assert not np.any(info.is_accepted) and np.all(info.acceptance_rate == 0) and np.all(info.is_divergent)
     np.testing.assert_array_equal(new.position, np.broadcast_to(position, (20, 3)))
     # With the default solver settings transitions converge and move (Gaussian: SoftAbs = precision).
-    kernel = build_rmhmc_kernel(lambda logp: softabs_metric(logp))
+    kernel = build_rmhmc_kernel(lambda logp, _: softabs_metric(logp))
     state = blackjax.mcmc.hmc.init(jnp.array([0.5, -0.2]), correlated_gaussian)
     new, info = jax.vmap(lambda k: kernel(k, state, correlated_gaussian, 0.3, None, 3))(keys)
     assert np.all(info.fixed_point_converged) and np.mean(info.is_accepted) > 0.9
@@ -300,6 +309,25 @@ def test_correlated_gaussian_2d_softabs():
     samples, info = run_rmhmc_chains(jax.random.key(0), correlated_gaussian, starts(1, 2), 400, 1000)
     assert_moments_match(np.asarray(samples), np.zeros(2), np.ones(2))
     assert np.mean(info.fixed_point_converged) > 0.99
+
+
+SCALES = np.array([0.1, 0.5, 1.0, 2.0, 5.0])
+
+
+def test_diagonal_user_metric_samples_scaled_gaussian():
+    """A (d,) user metric takes the diagonal route; with a position-dependent diagonal (each entry
+    depends on its neighbour, so the Jacobian is not diagonal) the draws still have the target's
+    moments: independent N(0, SCALES^2)."""
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / jnp.asarray(SCALES)) ** 2)
+
+    def metric(x):
+        return (1.0 + 0.3 * jnp.sin(jnp.roll(x / jnp.asarray(SCALES), 1)) ** 2) / jnp.asarray(SCALES) ** 2
+
+    positions = starts(31, 5) * jnp.asarray(SCALES)
+    samples, info = run_rmhmc_chains(jax.random.key(32), logdensity, positions, 400, 1500, metric=metric)
+    assert_moments_match(np.asarray(samples), np.zeros(5), SCALES)
+    assert np.mean(info.fixed_point_converged) > 0.95  # 0.992-0.999 over seeds 40-47
 
 
 @pytest.mark.slow
@@ -438,6 +466,7 @@ def test_bad_knobs_raise(options, match):
         (lambda x: jnp.array([[1.0, 2.0], [2.0, 1.0]]), "not positive definite"),
         (lambda x: jnp.eye(3), r"\(2, 2\) matrix"),
         (lambda x: jnp.eye(2) * jnp.nan, "not finite"),
+        (lambda x: jnp.array([1.0, -0.5]), "diagonal with non-positive"),
     ],
 )
 def test_bad_user_metric_raises_at_init(metric, match):
