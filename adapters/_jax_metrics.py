@@ -17,6 +17,12 @@ Three kinds (the names the PyMC adapter uses too):
   the eigen-decomposition's divided differences (as Betancourt 2013 does),
   which stay finite when eigenvalues coincide (autodiff through ``eigh``
   does not: Neal's funnel has a repeated eigenvalue everywhere).
+* ``"diagonal_softabs"``: SoftAbs of the Hessian's *diagonal* alone,
+  ``g_i = h_ii coth(alpha h_ii)``, a diagonal metric (below).  It needs nothing
+  from the user either, skips the eigen-decomposition and the ``(d, d, d)``
+  contractions, and keeps what a hierarchical model's scales need (on Neal's
+  funnel it is close to the expected Fisher information); it ignores
+  correlations, as a diagonal mass matrix does.
 * a callable ``flat_position -> (d, d)`` matrix, e.g.
   :func:`fisher_logistic_metric`; its derivative tensor comes from
   ``jax.jacfwd`` and the kinetic energy matches BlackJAX's
@@ -44,6 +50,7 @@ __all__ = [
     "FisherLogisticMetric",
     "RiemannianMetric",
     "constant_metric",
+    "diagonal_softabs_metric",
     "fisher_logistic_metric",
     "resolve_metric",
     "riemannian_from_diagonal",
@@ -339,6 +346,20 @@ def softabs_metric(logdensity_fn: Callable, alpha: float = DEFAULT_SOFTABS_ALPHA
                             velocity_derivative)
 
 
+def diagonal_softabs_metric(logdensity_fn: Callable, alpha: float = DEFAULT_SOFTABS_ALPHA) -> RiemannianMetric:
+    """SoftAbs of the diagonal of the Hessian of ``-logdensity_fn``: ``diag(h_ii coth(alpha h_ii))``.
+
+    A diagonal metric (:func:`riemannian_from_diagonal`); its Jacobian needs third derivatives of
+    ``log pi``, by ``jax.jacfwd`` of the Hessian's diagonal (no ties to handle: no eigenvectors).
+    """
+    hessian = jax.hessian(lambda x: -logdensity_fn(x))
+
+    def diagonal(x):
+        return _softabs_values(jnp.diag(hessian(x)), alpha)[0]
+
+    return riemannian_from_diagonal(diagonal)
+
+
 def riemannian_for(metric_fn: Callable, flat_position) -> RiemannianMetric:
     """The diagonal route if ``metric_fn`` returns a ``(d,)`` vector at ``flat_position``, else the dense one."""
     if jax.eval_shape(metric_fn, flat_position).ndim == 1:
@@ -352,12 +373,13 @@ def resolve_metric(metric, softabs_alpha: float = DEFAULT_SOFTABS_ALPHA):
     if not softabs_alpha > 0:
         raise ValueError(f"softabs_alpha must be > 0 (larger = closer to |Hessian|); got {softabs_alpha!r}.")
     if isinstance(metric, str):
-        if metric != "softabs":
+        if metric not in ("softabs", "diagonal_softabs"):
             raise ValueError(
-                f"metric must be 'softabs', a callable flat_position -> (d, d) matrix or (d,) diagonal, "
-                f"fisher_logistic_metric(X) or constant_metric(matrix); got {metric!r}."
+                f"metric must be 'softabs', 'diagonal_softabs', a callable flat_position -> (d, d) matrix or "
+                f"(d,) diagonal, fisher_logistic_metric(X) or constant_metric(matrix); got {metric!r}."
             )
-        return lambda logdensity_flat, flat_position: softabs_metric(logdensity_flat, softabs_alpha)
+        build = softabs_metric if metric == "softabs" else diagonal_softabs_metric
+        return lambda logdensity_flat, flat_position: build(logdensity_flat, softabs_alpha)
     if isinstance(metric, ConstantMetric):
         return metric
     if isinstance(metric, FisherLogisticMetric):
@@ -365,6 +387,6 @@ def resolve_metric(metric, softabs_alpha: float = DEFAULT_SOFTABS_ALPHA):
     if callable(metric):
         return lambda logdensity_flat, flat_position: riemannian_for(metric, flat_position)
     raise ValueError(
-        f"metric must be 'softabs', a callable flat_position -> (d, d) matrix or (d,) diagonal, "
-        f"fisher_logistic_metric(X) or constant_metric(matrix); got {type(metric).__name__}."
+        f"metric must be 'softabs', 'diagonal_softabs', a callable flat_position -> (d, d) matrix or (d,) "
+        f"diagonal, fisher_logistic_metric(X) or constant_metric(matrix); got {type(metric).__name__}."
     )

@@ -329,7 +329,7 @@ def build_rmhmc_engine(
         # 1.4-1.8x less time per unit on the funnel one after another). Cheaper metrics gain as much
         # from vmap's batching (the funnel's diagonal metric 1.5x faster vmap-ed; the Fisher helper
         # 0.6x-1.3x; BENCHMARKS.md, "Chains one after another"), so they stay vmap-ed.
-        options.setdefault("sequential_chains", isinstance(metric, str))
+        options.setdefault("sequential_chains", isinstance(metric, str) and metric == "softabs")
     options.setdefault("max_integration_time", default_max_integration_time(metric))
     kernel = transition_kernel(
         metric, softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-__all__ = ["Geometry", "LeapfrogResult", "NotPositiveDefiniteError", "geometry", "softabs",
+__all__ = ["Geometry", "LeapfrogResult", "NotPositiveDefiniteError", "diagonal_softabs", "geometry", "softabs",
            "hamiltonian", "velocity", "velocity_derivative", "position_force", "generalized_leapfrog", "sample_momentum"]
 
 
@@ -128,6 +128,21 @@ def softabs(hessian, hessian_grad, alpha):
     rotated = q.T @ hessian_grad @ q  # Q^T dH_k Q for every k (batched matmul)
     metric_grad = q @ (divided * rotated) @ q.T
     return 0.5 * (metric + metric.T), metric_grad
+
+
+def diagonal_softabs(hessian, hessian_grad, alpha):
+    """SoftAbs of the Hessian's diagonal alone: ``G = diag(h_ii coth(alpha h_ii))``, and its derivative.
+
+    Same arguments and returns as :func:`softabs` (dense arrays, so the rest of the step is shared).
+    """
+    if not (np.all(np.isfinite(hessian)) and np.all(np.isfinite(hessian_grad))):
+        raise NotPositiveDefiniteError("non-finite Hessian or third derivatives")
+    value, slope = _softabs_value_slope(np.diagonal(hessian), alpha)
+    diagonal_grad = slope * np.diagonal(hessian_grad, axis1=1, axis2=2)  # [k, i] = d g_i / d x_k
+    size = len(value)
+    metric_grad = np.zeros((size, size, size))
+    metric_grad[:, np.arange(size), np.arange(size)] = diagonal_grad
+    return np.diag(value), metric_grad
 
 
 # ---- the Hamiltonian and its derivatives -----------------------------------------------------

@@ -254,7 +254,8 @@ def run_chains(
 # Riemann-manifold HMC (Girolami & Calderhead 2011), the paper's second sampler
 # --------------------------------------------------------------------------- #
 #
-# Same knobs as the HMC entry points, plus ``metric`` ("softabs" (default), a
+# Same knobs as the HMC entry points, plus ``metric`` ("softabs" (default),
+# "diagonal_softabs" (SoftAbs of the Hessian's diagonal: a cheap diagonal metric), a
 # callable flat_position -> (d, d) matrix or (d,) diagonal (elementwise, far
 # cheaper), fisher_logistic_metric(X) or constant_metric(G)), ``softabs_alpha`` (1e6), ``fixed_point_tolerance``
 # (max-abs change of the iterates; None = 1e-6 in float64, 1e-4 in float32) and

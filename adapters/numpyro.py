@@ -310,7 +310,8 @@ class AdaptiveRMHMC(AdaptiveHMC):
 
     metric
         ``"softabs"`` (default): SoftAbs of the Hessian of the potential
-        (Betancourt 2013); a callable ``flat_position -> (d, d)`` metric of the
+        (Betancourt 2013); ``"diagonal_softabs"``: SoftAbs of the Hessian's diagonal
+        (a diagonal metric: cheap, blind to correlations); a callable ``flat_position -> (d, d)`` metric of the
         flattened unconstrained position (sites in sorted-name order, as
         ``jax.flatten_util.ravel_pytree`` flattens the dict), or ``-> (d,)`` for a
         diagonal metric (elementwise algebra: far cheaper than its matrix); e.g.

@@ -685,7 +685,7 @@ def _check_spd(matrix, name, *, where=""):
 def _geometry_function(step, metric, softabs_alpha, initial_point):
     """Compile, once, ``x -> (log pi, grad, G or Hessian, dG/dx or dHessian/dx)`` of the flat position.
 
-    With ``metric=None`` the third output is the Hessian of ``-log pi`` and SoftAbs is applied
+    With ``metric=None`` (or ``"diagonal_softabs"``) the third output is the Hessian of ``-log pi`` and SoftAbs is applied
     in NumPy; otherwise it is ``metric(x)``.  All derivatives come from PyTensor autodiff.
     Variables the step does not sample are read from the same shared variables PyMC's own
     logp function uses, so compound steps see their current values.
@@ -697,7 +697,8 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
                                           make_inputs_shared=False)
     size = int(sum(np.size(initial_point[v.name]) for v in step.vars))
     grad = pytensor.grad(cost, flat)
-    if metric is None:
+    hessian_metric = metric is None or metric == "diagonal_softabs"
+    if hessian_metric:
         matrix = _jacobian(-grad, flat)
     else:
         matrix = pt.cast(pt.as_tensor_variable(metric(flat)), "float64")
@@ -711,10 +712,12 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
     derivative = _jacobian(matrix.ravel(), flat).reshape((size, size, size)).transpose(2, 0, 1)
     # PyMC's compile turns parameter checks into -inf (as its own logp function does), not errors.
     function = compile_pytensor([flat], [cost, grad, matrix, derivative], givens=givens, on_unused_input="ignore")
-    if metric is None:
+    if hessian_metric:
+        soften = _riemann.softabs if metric is None else _riemann.diagonal_softabs
+
         def evaluate(x):
             logp, gradient, hessian, hessian_grad = function(x)
-            G, dG = _riemann.softabs(hessian, hessian_grad, softabs_alpha)
+            G, dG = soften(hessian, hessian_grad, softabs_alpha)
             return _riemann.geometry(x, logp, gradient, G, dG)
     else:
         def evaluate(x):
@@ -863,7 +866,9 @@ class AdaptiveRMHMC(AdaptiveHMC):
     Parameters
     ----------
     metric : callable, ConstantMetric or None
-        ``None`` (default): SoftAbs of the Hessian of ``-log pi`` (Betancourt 2013).  A callable
+        ``None`` (default): SoftAbs of the Hessian of ``-log pi`` (Betancourt 2013).
+        ``"diagonal_softabs"``: SoftAbs of the Hessian's diagonal alone, a diagonal metric (as in
+        the JAX adapters; here it costs what SoftAbs costs, the third derivatives included).  A callable
         gets the flat PyTensor position (the step's value variables raveled in model order,
         transformed, e.g. ``sigma_log__``) and returns a PyTensor ``(d, d)`` symmetric
         positive-definite matrix, or a positive ``(d,)`` vector for a diagonal metric (BlackJAX's
@@ -910,10 +915,10 @@ class AdaptiveRMHMC(AdaptiveHMC):
             if name in kwargs:
                 raise ValueError(f"AdaptiveRMHMC takes no {name}: the metric G(x) replaces the mass matrix. Give "
                                  f"metric=constant_metric(M) for a fixed mass matrix M, or use AdaptiveHMC.")
-        if not (metric is None or callable(metric)):
-            raise ValueError(f"metric must be None (SoftAbs), a callable of the flat position returning a (d, d) "
-                             f"matrix or (d,) diagonal, fisher_logistic_metric(X) or constant_metric(M); "
-                             f"got {metric!r}.")
+        if not (metric is None or metric == "diagonal_softabs" or callable(metric)):
+            raise ValueError(f"metric must be None (SoftAbs), \"diagonal_softabs\", a callable of the flat position "
+                             f"returning a (d, d) matrix or (d,) diagonal, fisher_logistic_metric(X) or "
+                             f"constant_metric(M); got {metric!r}.")
         if not (isinstance(softabs_alpha, (int, float)) and math.isfinite(softabs_alpha) and softabs_alpha > 0):
             raise ValueError(f"softabs_alpha must be a finite number > 0 (e.g. 1e6); got {softabs_alpha!r}.")
         if not (isinstance(fixed_point_tolerance, (int, float)) and 0 < fixed_point_tolerance < 1):

@@ -258,6 +258,12 @@ def _armhmc_fisher_dense(rng_key, model, positions, num_warmup, num_samples, met
     return _armhmc_fisher(rng_key, model, positions, num_warmup, num_samples, metric, dense=True, **options)
 
 
+def _armhmc_diagonal_softabs(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+    """ARMHMC with ``metric="diagonal_softabs"``: SoftAbs of the Hessian's diagonal, generic and cheap."""
+    del metric
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples, "diagonal_softabs", **options)
+
+
 def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     """ARMHMC with ``min_steps_fraction=0.5``: ``L_t ~ U{ceil(L/2)..L}``, closer to the fixed-``L``
     trajectories of the hand-set RMHMC than the paper's ``U{1..L}``."""
@@ -291,7 +297,7 @@ def runner(name: str):
 
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
             "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "armhmc_fisher": _armhmc_fisher,
-            "armhmc_fisher_dense": _armhmc_fisher_dense,
+            "armhmc_fisher_dense": _armhmc_fisher_dense, "armhmc_diagonal_softabs": _armhmc_diagonal_softabs,
             "blackjax_nuts": _nuts, "blackjax_nuts_sequential": _nuts_sequential,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)

@@ -67,21 +67,25 @@ def funnel_draws(rng, chains):
 
 # ---- the integrator --------------------------------------------------------------------------
 
+@pytest.mark.parametrize("soften", ["softabs", "diagonal_softabs"])
 @pytest.mark.parametrize("alpha", [2.0, 1e6])
-def test_softabs_derivative_matches_finite_differences(alpha):
+def test_softabs_derivative_matches_finite_differences(alpha, soften):
     rng = np.random.default_rng(0)
     d = 4
     base, slopes = rng.normal(size=(d, d)), rng.normal(size=(d, d, d))
     base, slopes = base + base.T, slopes + slopes.transpose(0, 2, 1)  # H(x) = base + sum_k x_k slopes_k
 
     def metric(x):
-        return _riemann.softabs(base + np.tensordot(x, slopes, 1), slopes, alpha)
+        return getattr(_riemann, soften)(base + np.tensordot(x, slopes, 1), slopes, alpha)
 
     x = rng.normal(size=d) * 0.1
     G, dG = metric(x)
-    lam = np.linalg.eigvalsh(base + np.tensordot(x, slopes, 1))
+    hessian = base + np.tensordot(x, slopes, 1)
+    lam = np.diag(hessian) if soften == "diagonal_softabs" else np.linalg.eigvalsh(hessian)
     assert np.all(np.linalg.eigvalsh(G) > 0)
-    if alpha == 1e6:  # far from lam = 0, SoftAbs is |H|
+    if soften == "diagonal_softabs":
+        assert np.count_nonzero(G - np.diag(np.diag(G))) == 0 and np.any(lam < 0)
+    if alpha == 1e6:  # far from lam = 0, SoftAbs is |H| (of the diagonal: |H_ii|)
         np.testing.assert_allclose(np.sort(np.linalg.eigvalsh(G)), np.sort(np.abs(lam)), rtol=1e-8)
     h = 1e-6
     numeric = np.stack([(metric(x + h * e)[0] - metric(x - h * e)[0]) / (2 * h) for e in np.eye(d)])
@@ -231,14 +235,16 @@ def funnel_values(tree):
 FUNNEL_ROOT_SD = np.sqrt(np.sqrt(2 / np.pi) * np.exp(9 / 8))
 
 
-def test_funnel_short_run():
+@pytest.mark.parametrize("metric", [None, pytest.param("diagonal_softabs", marks=pytest.mark.slow)])
+def test_funnel_short_run(metric):
     """Default-run funnel check, 2 chains x 800 draws: the same z-scores (ESS-based standard
     errors, |z| < 4.5) as the slow test, with ESS >= 30 and R-hat < 1.2 as the bar against stuck
     chains (a short run's R-hat is noisy; the slow test asks for 200 and 1.01). Seeds 11-20 of
-    this run gave a bulk ESS of v of 43-132 (a stuck chain gives a few)."""
+    this run gave a bulk ESS of v of 43-132 (a stuck chain gives a few). The diagonal SoftAbs
+    (slow: the default run checks its metric against finite differences) samples the same way."""
     rng = np.random.default_rng(11)
     with funnel():
-        tree = pm.sample(tune=200, draws=800, chains=2, cores=2, step=AdaptiveRMHMC(), random_seed=11,
+        tree = pm.sample(tune=200, draws=800, chains=2, cores=2, step=AdaptiveRMHMC(metric=metric), random_seed=11,
                          initvals=funnel_draws(rng, 2), **QUIET)
     v, root_x = funnel_values(tree)
     assert_moments_match(v, 0.0, 3.0, min_ess=30, max_rhat=1.2)
@@ -365,6 +371,7 @@ def test_bad_user_metric_raises_before_sampling():
     (dict(fixed_point_tolerance=0.0), "fixed_point_tolerance"),
     (dict(max_fixed_point_iterations=0), "max_fixed_point_iterations"),
     (dict(metric="softabs"), "metric must be"),
+    (dict(metric="diagonal"), "metric must be"),
     (dict(adapt_mass_matrix=True), "adapt_mass_matrix"),
     (dict(dense_mass=True), "AdaptiveRMHMC takes no dense_mass"),
     (dict(round_length=0), "round_length"),

@@ -16,8 +16,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import blackjax  # noqa: E402
 import blackjax.mcmc.metrics as bj_metrics  # noqa: E402
-from ahmc.adapters._jax_metrics import (riemannian_for, riemannian_from_callable, riemannian_from_diagonal,  # noqa: E402
-                                       softabs_metric)
+from ahmc.adapters._jax_metrics import (diagonal_softabs_metric, riemannian_for, riemannian_from_callable,  # noqa: E402
+                                       riemannian_from_diagonal, softabs_metric)
 from ahmc.adapters._jax_rmhmc import (  # noqa: E402
     LeapfrogState,
     build_rmhmc_engine,
@@ -89,7 +89,8 @@ def quartic(x):
     return -0.5 * x @ a @ x - 0.1 * jnp.sum(x**4)
 
 
-@pytest.mark.parametrize("kind", ["softabs_sharp", "softabs_soft", "fisher", "callable", "diagonal"])
+@pytest.mark.parametrize("kind", ["softabs_sharp", "softabs_soft", "fisher", "callable", "diagonal",
+                                  "diagonal_softabs"])
 def test_metric_gradients_match_autodiff_and_blackjax_kinetic_energy(kind):
     x = jnp.array([3.0, 0.4, -2.9])
     p = jnp.array([0.7, -1.3, 0.2])
@@ -99,6 +100,9 @@ def test_metric_gradients_match_autodiff_and_blackjax_kinetic_energy(kind):
         # depends on the others so that the Jacobian's off-diagonal terms are exercised
         metric = riemannian_for(lambda y: jnp.exp(0.3 * y + 0.2 * jnp.roll(y, 1)) + y**2, x)
         assert metric.matrix(x).shape == (3,)
+    elif kind == "diagonal_softabs":  # the Hessian's diagonal: negative at x_0 = 3 (|.| taken), softened
+        metric = diagonal_softabs_metric(nonconvex, 2.0)
+        assert jax.hessian(lambda y: -nonconvex(y))(x)[0, 0] < 0
     elif kind == "fisher":
         design = np.random.default_rng(0).normal(size=(40, 3))
         metric = fisher_logistic_metric(design, prior_variance=4.0).riemannian()  # closed-form derivatives
@@ -132,7 +136,7 @@ def test_metric_gradients_match_autodiff_and_blackjax_kinetic_energy(kind):
     np.testing.assert_allclose(velocity, auto_p, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(velocity_at, auto_p, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(energy, blackjax_energy, rtol=1e-12)
-    assert np.linalg.eigvalsh(np.diag(matrix) if kind == "diagonal" else np.asarray(matrix)).min() > 0
+    assert np.linalg.eigvalsh(np.diag(matrix) if kind.startswith("diagonal") else np.asarray(matrix)).min() > 0
 
 
 def test_softabs_gradient_is_finite_with_repeated_eigenvalues():
@@ -328,6 +332,31 @@ def test_diagonal_user_metric_samples_scaled_gaussian():
     samples, info = run_rmhmc_chains(jax.random.key(32), logdensity, positions, 400, 1500, metric=metric)
     assert_moments_match(np.asarray(samples), np.zeros(5), SCALES)
     assert np.mean(info.fixed_point_converged) > 0.95  # 0.992-0.999 over seeds 40-47
+
+
+QUARTIC_A, QUARTIC_B = np.array([1.0, 0.1, 4.0]), np.array([0.5, 1.0, 2.0])
+
+
+def quartic_separable(y):
+    """Independent coordinates with density ~ exp(-a y^2 / 2 - b y^4 / 4): the Hessian's diagonal
+    a + 3 b y^2 changes several-fold over the target and stays positive."""
+    return -jnp.sum(0.5 * jnp.asarray(QUARTIC_A) * y**2 + 0.25 * jnp.asarray(QUARTIC_B) * y**4)
+
+
+def test_diagonal_softabs_samples_a_separable_quartic():
+    """metric="diagonal_softabs" (SoftAbs of the Hessian's diagonal): the draws have the exact
+    moments (mean 0, variance by quadrature)."""
+    from scipy.integrate import quad
+
+    def second_moment(a, b):
+        weight = lambda y, k: y**k * math.exp(-0.5 * a * y**2 - 0.25 * b * y**4)  # noqa: E731
+        return quad(weight, -np.inf, np.inf, args=(2,))[0] / quad(weight, -np.inf, np.inf, args=(0,))[0]
+
+    sd = np.sqrt([second_moment(a, b) for a, b in zip(QUARTIC_A, QUARTIC_B, strict=True)])
+    samples, info = run_rmhmc_chains(jax.random.key(33), quartic_separable, starts(34, 3), 400, 1500,
+                                     metric="diagonal_softabs")
+    assert_moments_match(np.asarray(samples), np.zeros(3), sd)
+    assert np.mean(info.fixed_point_converged[400:]) > 0.95
 
 
 @pytest.mark.slow
