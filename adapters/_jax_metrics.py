@@ -8,7 +8,7 @@ that of a Gaussian momentum ``p ~ N(0, G(x))``:
 
 so ``H = -log pi(x) + K(x, p)`` has ``pi(x)`` as its x-marginal.
 
-Three kinds (the names the PyMC adapter uses too):
+The kinds (the names the PyMC adapter uses too):
 
 * ``"softabs"`` (default): Betancourt's (2013) SoftAbs of the Hessian of
   ``-log pi``: eigenvalues ``lambda -> lambda coth(alpha lambda)``, which is
@@ -29,8 +29,8 @@ Three kinds (the names the PyMC adapter uses too):
   ``metrics.gaussian_riemannian`` (tested).  A callable that returns a
   ``(d,)`` vector is a *diagonal* metric ``diag(g(x))``, as in BlackJAX's
   convention: O(d) algebra and a ``(d, d)`` Jacobian of ``g`` instead of a
-  Cholesky factor and a ``(d, d, d)`` tensor (on the 10-d funnel about 25x
-  less time per metric evaluation than the same metric as a dense matrix).
+  Cholesky factor and a ``(d, d, d)`` tensor (on the 10-d funnel 14x-23x
+  less time per unit than the same metric as a matrix; BENCHMARKS.md).
 * :func:`constant_metric`: not Riemannian at all; the engine runs plain HMC
   with the dense inverse mass matrix ``G^{-1}`` (no implicit solver), so it
   costs what dense-metric HMC costs.

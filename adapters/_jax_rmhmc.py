@@ -327,8 +327,9 @@ def build_rmhmc_engine(
         # The implicit solves take a different number of iterations on each chain; vmap-ed chains all
         # wait for the slowest. That dominates for SoftAbs (an eigen-decomposition per metric value:
         # 1.4-1.8x less time per unit on the funnel one after another). Cheaper metrics gain as much
-        # from vmap's batching (the funnel's diagonal metric 1.5x faster vmap-ed; the Fisher helper
-        # 0.6x-1.3x; BENCHMARKS.md, "Chains one after another"), so they stay vmap-ed.
+        # from vmap's batching (the funnel's Fisher metric as a matrix 1.5x faster vmap-ed, as a diagonal
+        # the same either way; the Fisher helper 0.6x-1.3x; BENCHMARKS.md, "Chains one after another"),
+        # so they stay vmap-ed.
         options.setdefault("sequential_chains", isinstance(metric, str) and metric == "softabs")
     options.setdefault("max_integration_time", default_max_integration_time(metric))
     kernel = transition_kernel(

@@ -318,6 +318,8 @@ def test_correlated_gaussian_2d_softabs():
 SCALES = np.array([0.1, 0.5, 1.0, 2.0, 5.0])
 
 
+@pytest.mark.slow  # ~15 s; the default run samples through the diagonal route in the quartic test below and in
+# the funnel example (a (d,) user metric through NumPyro); default run under 15 min (2026-11-28)
 def test_diagonal_user_metric_samples_scaled_gaussian():
     """A (d,) user metric takes the diagonal route; with a position-dependent diagonal (each entry
     depends on its neighbour, so the Jacobian is not diagonal) the draws still have the target's
