@@ -246,11 +246,16 @@ def riemannian_from_diagonal(diagonal_fn: Callable) -> RiemannianMetric:
     only the Jacobian ``J[i, k] = dg_i / dx_k`` (``jax.jacfwd``, d forward passes of ``g``), where the
     dense route builds and contracts a ``(d, d, d)`` tensor.
     """
-    jacobian = jax.jacfwd(diagonal_fn)
+    def twice(x):
+        g = diagonal_fn(x)
+        return g, g
+
+    # The Jacobian with the value as jacfwd's aux output: g is evaluated once per metric value, not once
+    # for the value and again inside the Jacobian (for "diagonal_softabs" g holds a whole Hessian).
+    jacobian_and_value = jax.jacfwd(twice, has_aux=True)
 
     def at(x):
-        g = diagonal_fn(x)
-        dg = jacobian(x)
+        dg, g = jacobian_and_value(x)
         return {"g": g, "dg": dg, "trace": 0.5 * (dg.T @ (1.0 / g))}
 
     def sample_momentum(cache, rng_key):
