@@ -55,6 +55,10 @@ __all__ = [
     "round_init",
     "round_update",
     "round_arrays",
+    "StepJumps",
+    "step_jumps_init",
+    "step_jumps_update",
+    "step_jumps_estimate",
     "normalized_esjd",
     "esjd",
     "esjd_per_gradient",
@@ -186,6 +190,53 @@ def _round_update_python(stats, previous_position, position, num_gradients, acce
     return RoundStats(stats.num_iterations + 1, stats.num_gradients + int(num_gradients),
                       stats.sum_squared_jump + float(jump @ jump), stats.sum_acceptance + float(acceptance),
                       stats.num_divergent + int(bool(is_divergent)), squares_jump)
+
+
+class StepJumps(NamedTuple):
+    """One round's jumps by trajectory length, for :func:`step_jumps_estimate`.
+
+    ``sums[l - 1]``: summed over the round's trajectories that ran at least ``l`` leapfrog steps,
+    the acceptance probability had the trajectory stopped after ``l`` steps times the squared
+    (whitened) jump from its start to there; ``counts[l - 1]``: how many such trajectories.
+    """
+
+    sums: np.ndarray
+    counts: np.ndarray
+
+
+def step_jumps_init(max_num_steps) -> StepJumps:
+    """Empty per-length sums for a round whose arm has ``L = max_num_steps``."""
+    return StepJumps(np.zeros(int(max_num_steps)), np.zeros(int(max_num_steps), dtype=np.int64))
+
+
+def step_jumps_update(jumps: StepJumps, step_values) -> StepJumps:
+    """Add one trajectory: ``step_values[l - 1]`` = acceptance probability at step ``l`` times the
+    squared jump to there (0 from a failed or divergent step on), for every step it ran."""
+    values = np.asarray(step_values, dtype=np.float64)[: jumps.sums.shape[0]]
+    sums, counts = jumps.sums.copy(), jumps.counts.copy()
+    sums[: values.shape[0]] += values
+    counts[: values.shape[0]] += 1
+    return StepJumps(sums, counts)
+
+
+def step_jumps_estimate(jumps: StepJumps, min_num_steps=1) -> float:
+    """The round's mean squared jump estimated from every leapfrog step of its trajectories.
+
+    A transition of ``l`` steps, ``l`` uniform on ``{lo..L}``, jumps ``a_l J_l`` in expectation
+    (``a_l`` its acceptance probability, ``J_l`` the squared jump of its proposal).  Each trajectory
+    that ran ``n`` steps shows ``a_l J_l`` for every ``l <= n`` from one momentum draw, so the mean
+    over ``l`` of the per-length means estimates the realised jump's expectation without the noise
+    of the accept/reject coin and of the draw of ``l`` (lengths no trajectory of the round reached
+    are left out).  For one chain's 10-transition rounds (PyMC) the tuner then ranks arms better:
+    on Pima over 50 seeds its min ESS per gradient rose from 1.16x to 1.26x PyMC's NUTS
+    (README, "AHMC in PyMC").  NaN when no length ``>= lo`` was reached.
+    """
+    low = max(int(min_num_steps), 1) - 1
+    sums, counts = jumps.sums[low:], jumps.counts[low:]
+    reached = counts > 0
+    if not np.any(reached):
+        return math.nan
+    return float(np.mean(sums[reached] / counts[reached]))
 
 
 # The built-in objectives also take sums kept in Python numbers (``round_init(None)``) and then

@@ -416,6 +416,46 @@ def test_user_objective_gets_arrays_and_matches_the_builtin_reward():
     np.testing.assert_array_equal(runs[True].posterior["x"].values, runs[False].posterior["x"].values)
 
 
+def test_trajectory_values_weight_each_steps_whitened_jump_by_its_acceptance():
+    """jump_estimate="trajectory": per leapfrog step, min(1, exp(-energy error)) x the squared jump from the
+    start in units of the mass matrix's standard deviations; 0 after the trajectory stopped early."""
+    from pymc.blocking import DictToArrayBijection
+
+    variances = SCALES**2 * np.array([1.0, 0.5, 2.0, 1.0, 4.0, 1.0])  # not the posterior's: acceptance < 1
+    with gaussian_model():
+        step = AdaptiveHMC()
+    potential = step.potential  # the adapted diagonal, as after a metric window
+    potential._var[:] = variances
+    potential._stds[:] = np.sqrt(variances)
+    potential._inv_stds[:] = 1 / potential._stds
+    q0 = DictToArrayBijection.map({"x": np.array([0.5, -3.0, 0.02, 1.0, -0.4, 0.3])})
+    p0 = potential.random()
+    start = step.integrator.compute_state(q0, p0)
+    states, state = [], start
+    for _ in range(3):
+        state = step.integrator.step(0.9, state)
+        states.append(state)
+    values = step._trajectory_values(start, states, 5)
+    expected = [min(1.0, math.exp(-(s.energy - start.energy))) * np.sum(((s.q.data - q0.data) / np.sqrt(variances)) ** 2)
+                for s in states]
+    np.testing.assert_allclose(values[:3], expected, rtol=1e-12)
+    np.testing.assert_array_equal(values[3:], 0.0)
+    assert 0 < min(values[:3]) and any(math.exp(-(s.energy - start.energy)) < 0.999 for s in states)
+
+
+def test_jump_estimates_give_different_rewards_from_the_same_first_round():
+    """Both estimates run; the first round's draws are the same (the arm has not moved) and its rewards
+    differ (the trajectory estimate is not the made jumps)."""
+    runs = {estimate: sample(gaussian_model(), tune=20, draws=0, chains=1, discard_tuned_samples=False,
+                             step_kwargs=dict(step_size_bounds=(0.15, 0.2), num_steps_bounds=(2, 8),
+                                              adapt_mass_matrix=False, jump_estimate=estimate))
+            for estimate in ("trajectory", "transition")}
+    first = {k: v.warmup_posterior["x"].values[0, :10] for k, v in runs.items()}
+    np.testing.assert_array_equal(first["trajectory"], first["transition"])
+    rewards = {k: v.warmup_sample_stats["reward"].values[0, 9] for k, v in runs.items()}
+    assert np.isfinite(list(rewards.values())).all() and rewards["trajectory"] != rewards["transition"]
+
+
 def test_freeze_after_tune_keeps_the_arm_during_draws():
     idata = sample(gaussian_model(), tune=200, draws=200, step_kwargs=dict(freeze_after="tune"))
     stats = idata.sample_stats
@@ -476,6 +516,7 @@ def test_discrete_variable_is_refused_with_a_hint():
     (dict(objective="esjd_moments", adapt_mass_matrix=False), "esjd_moments.*adapted mass matrix"),
     (dict(dense_mass=True, adapt_mass_matrix=False), "dense_mass=True .* needs adapt_mass_matrix=True"),
     (dict(dense_mass="yes"), "dense_mass must be True, False or 'auto'"),
+    (dict(jump_estimate="steps"), "jump_estimate must be 'trajectory'"),
 ])
 def test_bad_options_raise_before_sampling(kwargs, match):
     with gaussian_model(), pytest.raises(ValueError, match=match):

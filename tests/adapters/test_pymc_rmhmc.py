@@ -376,6 +376,7 @@ def test_bad_user_metric_raises_before_sampling():
     (dict(dense_mass=True), "AdaptiveRMHMC takes no dense_mass"),
     (dict(round_length=0), "round_length"),
     (dict(objective="esjd_moments"), "esjd_moments.*adapted mass matrix"),
+    (dict(jump_estimate="trajectory"), "jump_estimate='transition' only"),
 ])
 def test_bad_options_raise(kwargs, match):
     with correlated_gaussian(), pytest.raises(ValueError, match=match):
