@@ -604,19 +604,24 @@ class AdaptiveHMC(BaseHMC):
     def _trajectory_values(self, start, trajectory, n_steps):
         """Per leapfrog step ``l``: acceptance probability had the trajectory stopped there times the
         whitened squared jump from the start (0 where the energy error is not finite or above ``Emax``,
-        and for the steps after a failed one).  One stack and a few vector operations per trajectory."""
-        values = np.zeros(n_steps)
-        if trajectory:
-            error = np.array([s.energy for s in trajectory]) - start.energy
-            ok = np.isfinite(error) & (np.abs(error) <= self.Emax)
-            accept = np.where(ok, np.exp(-np.clip(np.where(ok, error, 0.0), 0.0, None)), 0.0)
-            jumps = np.stack([s.q.data for s in trajectory]) - start.q.data
-            if isinstance(self.potential, _WarmupFullAdapt):
-                squared = np.sum(self.potential.whiten(jumps.T) ** 2, axis=0)
-            else:
-                scale = getattr(self.potential, "_stds", None)
-                squared = np.sum((jumps if scale is None else jumps / scale) ** 2, axis=1)
-            values[: len(trajectory)] = accept * squared
+        and for the steps after a failed one).  A few NumPy calls per trajectory, Python floats per step."""
+        values = [0.0] * n_steps
+        if not trajectory:
+            return values
+        jumps = np.array([s.q.data for s in trajectory])  # (n, d); np.array is cheaper than np.stack here
+        jumps -= start.q.data
+        if isinstance(self.potential, _WarmupFullAdapt):
+            jumps = self.potential.whiten(jumps.T).T
+        else:
+            scale = getattr(self.potential, "_stds", None)
+            if scale is not None:
+                jumps /= scale
+        squared = np.square(jumps, out=jumps).sum(axis=1).tolist()
+        start_energy, limit = float(start.energy), self.Emax
+        for steps, (state, jump) in enumerate(zip(trajectory, squared)):
+            error = float(state.energy) - start_energy
+            if math.isfinite(error) and abs(error) <= limit:
+                values[steps] = jump if error <= 0 else math.exp(-error) * jump
         return values
 
     @staticmethod

@@ -193,29 +193,30 @@ def _round_update_python(stats, previous_position, position, num_gradients, acce
 
 
 class StepJumps(NamedTuple):
-    """One round's jumps by trajectory length, for :func:`step_jumps_estimate`.
+    """One round's jumps by trajectory length, for :func:`step_jumps_estimate` (Python numbers: an
+    eager loop updates them once per iteration, where NumPy's per-call cost would dominate).
 
     ``sums[l - 1]``: summed over the round's trajectories that ran at least ``l`` leapfrog steps,
     the acceptance probability had the trajectory stopped after ``l`` steps times the squared
     (whitened) jump from its start to there; ``counts[l - 1]``: how many such trajectories.
     """
 
-    sums: np.ndarray
-    counts: np.ndarray
+    sums: tuple
+    counts: tuple
 
 
 def step_jumps_init(max_num_steps) -> StepJumps:
     """Empty per-length sums for a round whose arm has ``L = max_num_steps``."""
-    return StepJumps(np.zeros(int(max_num_steps)), np.zeros(int(max_num_steps), dtype=np.int64))
+    return StepJumps((0.0,) * int(max_num_steps), (0,) * int(max_num_steps))
 
 
 def step_jumps_update(jumps: StepJumps, step_values) -> StepJumps:
     """Add one trajectory: ``step_values[l - 1]`` = acceptance probability at step ``l`` times the
-    squared jump to there (0 from a failed or divergent step on), for every step it ran."""
-    values = np.asarray(step_values, dtype=np.float64)[: jumps.sums.shape[0]]
-    sums, counts = jumps.sums.copy(), jumps.counts.copy()
-    sums[: values.shape[0]] += values
-    counts[: values.shape[0]] += 1
+    squared jump to there (0 from a failed or divergent step on), for every step it ran (steps
+    beyond ``L`` are ignored)."""
+    n = min(len(step_values), len(jumps.sums))
+    sums = tuple(total + float(value) for total, value in zip(jumps.sums[:n], step_values)) + jumps.sums[n:]
+    counts = tuple(count + 1 for count in jumps.counts[:n]) + jumps.counts[n:]
     return StepJumps(sums, counts)
 
 
@@ -232,11 +233,8 @@ def step_jumps_estimate(jumps: StepJumps, min_num_steps=1) -> float:
     (README, "AHMC in PyMC").  NaN when no length ``>= lo`` was reached.
     """
     low = max(int(min_num_steps), 1) - 1
-    sums, counts = jumps.sums[low:], jumps.counts[low:]
-    reached = counts > 0
-    if not np.any(reached):
-        return math.nan
-    return float(np.mean(sums[reached] / counts[reached]))
+    means = [total / count for total, count in zip(jumps.sums[low:], jumps.counts[low:]) if count > 0]
+    return sum(means) / len(means) if means else math.nan
 
 
 # The built-in objectives also take sums kept in Python numbers (``round_init(None)``) and then
