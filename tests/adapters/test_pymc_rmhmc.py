@@ -235,7 +235,10 @@ def funnel_values(tree):
 FUNNEL_ROOT_SD = np.sqrt(np.sqrt(2 / np.pi) * np.exp(9 / 8))
 
 
-@pytest.mark.parametrize("metric", [None, pytest.param("diagonal_softabs", marks=pytest.mark.slow)])
+# Slow (42 s with SoftAbs; the suite neared 15 min): the default run samples the funnel through the JAX adapters
+# (the funnel example) and PyMC's SoftAbs on the correlated Gaussian; the long run below is slow too.
+@pytest.mark.slow
+@pytest.mark.parametrize("metric", [None, "diagonal_softabs"])
 def test_funnel_short_run(metric):
     """Default-run funnel check, 2 chains x 800 draws: the same z-scores (ESS-based standard
     errors, |z| < 4.5) as the slow test, with ESS >= 30 and R-hat < 1.2 as the bar against stuck

@@ -345,6 +345,8 @@ def quartic_separable(y):
     return -jnp.sum(0.5 * jnp.asarray(QUARTIC_A) * y**2 + 0.25 * jnp.asarray(QUARTIC_B) * y**4)
 
 
+@pytest.mark.slow  # 25 s; the suite neared 15 min. The default run checks its derivatives, and the funnel example
+# samples through the same diagonal route.
 def test_diagonal_softabs_samples_a_separable_quartic():
     """metric="diagonal_softabs" (SoftAbs of the Hessian's diagonal): the draws have the exact
     moments (mean 0, variance by quadrature)."""
