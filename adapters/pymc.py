@@ -304,8 +304,9 @@ class AdaptiveHMC(BaseHMC):
         round is all this tuner learns from (on Pima, 1.26x PyMC's NUTS in min ESS per gradient over
         50 seeds against 1.16x; README, "AHMC in PyMC").  It costs a few vector operations per
         trajectory.  Once the tuner is frozen (``freeze_after``) no reward can move the arm and the
-        steps are not collected: the ``reward`` stat of those rounds is the made jumps'.  :class:`AdaptiveRMHMC` measures jumps in its metric and takes ``"transition"`` only
-        (with a ``constant_metric``, plain HMC, it follows this default).
+        steps are not collected: the ``reward`` stat of those rounds is the made jumps'.
+        :class:`AdaptiveRMHMC` measures jumps in its metric and takes ``"transition"`` only (with a
+        ``constant_metric``, plain HMC, it follows this default).
     min_steps_fraction : float
         ``n_steps`` is uniform on ``{max(1, ceil(f L))..L}``: 0 (default) is the paper's
         ``{1..L}``; 0.5 the upper half, which gives more ESS of the means per gradient and
