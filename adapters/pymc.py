@@ -451,7 +451,7 @@ class AdaptiveHMC(BaseHMC):
         self._num_warmup = int(tune) - rounds * self._round_length
         self._chain_iteration = 0
         self._tuner_state = self._round_stats = self._search_box = self._step_jumps = None
-        self._step_values, self._collect_steps = None, False
+        self._step_values, self._collect_steps, self._frozen = None, False, False
 
     def setup_chain(self, rng, tune, draws):
         super().setup_chain(rng, tune, draws)
@@ -514,9 +514,9 @@ class AdaptiveHMC(BaseHMC):
         in_rounds = self._tuner_state is not None
         self.adapt_step_size = not in_rounds  # the tuner owns eps in the rounds
         self._arm = self._round_settings()[:2] if in_rounds else None
+        self._frozen = in_rounds and self._round_settings()[3] >= int(self._tuner_state.freeze_round)
         # Every step's jump only while a reward can still move the arm (a frozen tuner learns nothing).
-        self._collect_steps = (in_rounds and self._jump_estimate == "trajectory"
-                               and self._round_settings()[3] < int(self._tuner_state.freeze_round))
+        self._collect_steps = in_rounds and self._jump_estimate == "trajectory" and not self._frozen
         q, (stats,) = super().astep(q0)
         stats.update(self._used)  # the step size actually used (step_adapt's stats overwrote it)
         stats["dense_mass_matrix"] = getattr(self.potential, "kept_correlations", False)
@@ -543,8 +543,7 @@ class AdaptiveHMC(BaseHMC):
         if round_stats.num_iterations >= self._round_length:
             out = dict(out)
             if self._step_jumps is not None:  # jump_estimate="trajectory": every step's jump, not the made ones
-                lowest = int(min_num_steps(self._arm[1], self._min_steps_fraction)) if self._min_steps_fraction else 1
-                estimate = step_jumps_estimate(self._step_jumps, lowest)
+                estimate = step_jumps_estimate(self._step_jumps, self._fewest_steps(self._arm[1]))
                 if math.isfinite(estimate):
                     round_stats = round_stats._replace(sum_squared_jump=estimate * round_stats.num_iterations)
                 self._step_jumps = None
@@ -552,8 +551,7 @@ class AdaptiveHMC(BaseHMC):
             reward = self._objective(sums, self._arm[1])
             if not math.isfinite(reward):  # counted as the worst reward so far; say so once
                 warnings.warn(NONFINITE_REWARD_MESSAGE, UserWarning, stacklevel=2)
-            frozen = self._round_settings()[3] >= int(self._tuner_state.freeze_round)  # lazy update: no solves
-            with contextlib.nullcontext() if frozen else _single_threaded_blas():
+            with contextlib.nullcontext() if self._frozen else _single_threaded_blas():  # frozen: no solves
                 self._tuner_state, info = self._tuner().update(self._tuner_state, reward, self.rng.uniform(), lazy=True)
             i, state = int(info.round), self._tuner_state
             if self._exploit and i == self._num_tune_rounds and i < int(state.freeze_round):  # tune ends: GP mean's best
@@ -570,11 +568,11 @@ class AdaptiveHMC(BaseHMC):
             max_steps = self._steps_for(self._warmup_time, step_size, self._warmup_max_steps)
         else:
             step_size, max_steps = self._arm
-        lowest = int(min_num_steps(max_steps, self._min_steps_fraction)) if self._min_steps_fraction else 1
+        lowest = self._fewest_steps(max_steps)
         n_steps = lowest + int(self.rng.random() * (max_steps - lowest + 1))  # uniform on {lowest..max_steps}
         state = last = start
         div_info, energy_change, taken = None, np.inf, 0
-        trajectory = [] if self._arm is not None and self._collect_steps else None
+        trajectory = [] if self._collect_steps else None
         try:
             for _ in range(n_steps):
                 last, taken = state, taken + 1
@@ -624,6 +622,10 @@ class AdaptiveHMC(BaseHMC):
             if math.isfinite(error) and abs(error) <= limit:
                 values[steps] = jump if error <= 0 else math.exp(-error) * jump
         return values
+
+    def _fewest_steps(self, max_steps) -> int:
+        """Lowest leapfrog count of an iteration, ``n ~ U{lowest..max_steps}`` (1 unless ``min_steps_fraction``)."""
+        return int(min_num_steps(max_steps, self._min_steps_fraction)) if self._min_steps_fraction else 1
 
     @staticmethod
     def _steps_for(integration_time, step_size, cap):
