@@ -75,6 +75,9 @@ from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reason
 from blackjax.adaptation.window_adaptation import build_schedule
 from blackjax.util import generate_gaussian_noise
 
+from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
+from blackjax.mcmc.trajectory import hmc_energy
+
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
                        WARMUP_MAX_STEPS, RoundStats, TunerState, check_min_steps_fraction, get_objective, gp_ucb,
                        min_num_steps, needs_center, prefers_dense, round_init, round_update, search_space,
@@ -124,7 +127,8 @@ class EngineState(NamedTuple):
     logdensity_grad : pytree, (C, ...)   its gradient
     iteration : int32, ()                iterations done (shared by all chains)
     tuner : TunerState                   one tuner (pooled) or batched (C,) (independent)
-    round_stats : RoundStats, (C,)       running sums of the current round, per chain
+    round_stats : RoundStats, (C,)       running sums of the current round, per chain (a
+                                         TrajectoryRoundStats with jump_estimate="trajectory")
     inverse_mass_matrix : float, (D,)    diagonal inverse mass matrix (flattened position)
     box : SearchBox                      the search box in use
     step_size_adaptation : DualAveragingAdaptationState (unbatched, pooled acceptance)
@@ -200,6 +204,83 @@ def carried_metric(inverse_mass_matrix, whitening) -> metrics.Metric:
     return base._replace(sample_momentum=sample_momentum)
 
 
+class TrajectoryInfo(NamedTuple):
+    """BlackJAX's ``HMCInfo`` fields plus ``step_values`` (``jump_estimate="trajectory"``).
+
+    ``step_values[l - 1]``: the acceptance probability had the trajectory stopped after ``l``
+    leapfrog steps times the whitened squared jump from its start to there (0 from a divergent or
+    non-finite step on, and for the steps not taken); length: the box's largest ``L``."""
+
+    momentum: Any
+    acceptance_rate: Any
+    is_accepted: Any
+    is_divergent: Any
+    energy: Any
+    proposal: Any
+    num_integration_steps: Any
+    step_values: Any
+
+
+def trajectory_proposal(num_values: int, whiten: Callable) -> Callable:
+    """A ``build_proposal`` for :func:`blackjax.mcmc.hmc.build_kernel` that also reports every step.
+
+    The same endpoint proposal as BlackJAX's ``hmc_proposal`` (BlackJAX's integrator, energy and
+    ``static_binomial_sampling``), integrated by a loop that at each step ``l`` also records
+    ``a_l J_l`` (:class:`TrajectoryInfo`): what :func:`ahmc.core.step_jumps_estimate` averages.
+    ``whiten`` maps a flattened position difference to the frame the reward measures jumps in."""
+
+    def build(integrator, kinetic_energy, step_size, num_integration_steps, divergence_threshold):
+        energy_of = hmc_energy(kinetic_energy)
+
+        def generate(rng_key, state):
+            start_energy = energy_of(state)
+            start = ravel_pytree(state.position)[0]
+
+            def one_step(i, carry):
+                current, values, failed = carry
+                current = integrator(current, step_size)
+                delta = safe_energy_diff(start_energy, energy_of(current))  # NaN -> -inf
+                failed = failed | (-delta > divergence_threshold) | ~jnp.isfinite(delta)
+                accept = jnp.where(failed, 0.0, jnp.exp(jnp.minimum(delta, 0.0)))
+                jump = whiten(ravel_pytree(current.position)[0] - start)
+                values = values.at[i].set((accept * jnp.sum(jump * jump)).astype(values.dtype), mode="drop")
+                return current, values, failed
+
+            values = jnp.zeros((num_values,), start.dtype)
+            end, values, _ = jax.lax.fori_loop(0, num_integration_steps, one_step,
+                                               (state, values, jnp.asarray(False)))
+            end = hmc.flip_momentum(end)
+            delta_energy = safe_energy_diff(start_energy, energy_of(end))
+            is_diverging = -delta_energy > divergence_threshold
+            sampled, (do_accept, p_accept, _) = static_binomial_sampling(rng_key, delta_energy, state, end)
+            info = TrajectoryInfo(state.momentum, p_accept, do_accept, is_diverging, energy_of(end), end,
+                                  num_integration_steps, values)
+            return sampled, info, None
+
+        return generate
+
+    return build
+
+
+class TrajectoryRoundStats(NamedTuple):
+    """A round's sums with ``jump_estimate="trajectory"``: the made jumps' (``stats``) and, per
+    length ``l``, the sum of ``a_l J_l`` over the trajectories that reached it and their count."""
+
+    stats: RoundStats
+    step_sums: Any
+    step_counts: Any
+
+
+def trajectory_jump_estimate(step_sums, step_counts, min_num_steps):
+    """:func:`ahmc.core.step_jumps_estimate` on arrays: the mean over lengths ``>= min_num_steps``
+    that the round reached of the per-length mean of ``a_l J_l`` (NaN when none was reached)."""
+    lengths = jnp.arange(1, step_sums.shape[-1] + 1)
+    reached = (step_counts > 0) & (lengths >= min_num_steps)
+    means = jnp.where(reached, step_sums / jnp.maximum(step_counts, 1), 0.0)
+    num = jnp.sum(reached)
+    return jnp.where(num > 0, jnp.sum(means) / jnp.maximum(num, 1), jnp.nan)
+
+
 class EngineInfo(NamedTuple):
     """Per-iteration information; every field has shape (C,) (one per chain).
 
@@ -259,6 +340,7 @@ class EngineConfig(NamedTuple):
     freeze_after: int | None
     restart_lost_chains: bool
     min_steps_fraction: float = 0.0
+    jump_estimate: str = "transition"
 
 
 class Engine(NamedTuple):
@@ -337,6 +419,7 @@ def build_engine(
     shared_num_steps: bool = True,
     min_steps_fraction: float = 0.0,
     sequential_chains: bool = False,
+    jump_estimate: str | None = None,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
 
@@ -476,6 +559,20 @@ def build_engine(
         the min ESS of the means per gradient on 14 of 15 benchmark models, by up to
         2.5x, and lowers the ESS of the squares (variances) on 14 of 15, below NUTS's
         on all 15; the paper's jitter is the safer default.  Applies in warm-up too.
+    jump_estimate
+        How a round's mean squared jump (the reward's numerator) is measured.
+        ``"trajectory"`` (the default with the engine's own kernel): from every leapfrog
+        step of the round's trajectories, each step's whitened squared jump from the start
+        weighted by the acceptance probability had the trajectory stopped there, averaged
+        per length and then over lengths (:func:`ahmc.core.step_jumps_estimate`; the same
+        target without the noise of the accept/reject coin and of the draw of ``L_t``).
+        The transitions are the same; the kernel is BlackJAX's ``build_kernel`` with a
+        proposal that also reports each step (:func:`trajectory_proposal`).  It costs, per
+        leapfrog step, the kinetic energy, the whitened jump (``O(d)``, ``O(d^2)`` with a
+        dense matrix) and a write into a vector of the box's largest ``L``
+        (``num_steps_cap`` with the automatic box), and two such vector additions per
+        iteration.  ``"transition"``: the jumps the chains made (the paper; the default
+        with a user ``kernel``, e.g. RMHMC, which takes only this).
     initial_arm
         ``(step_size, L)`` of the first round in a user box (default: the box's middle).
     chain_data
@@ -500,6 +597,14 @@ def build_engine(
     if not callable(logdensity_fn):
         raise ValueError("logdensity_fn must be callable: position -> scalar log density.")
     min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
+    if jump_estimate is None:
+        jump_estimate = "trajectory" if kernel is None else "transition"
+    if jump_estimate not in ("transition", "trajectory"):
+        raise ValueError(f"jump_estimate must be 'transition' (the jumps made, the paper's) or 'trajectory' "
+                         f"(every leapfrog step); got {jump_estimate!r}.")
+    if jump_estimate == "trajectory" and kernel is not None:
+        raise ValueError("jump_estimate='trajectory' needs the engine's own HMC kernel; with a user kernel "
+                         "(e.g. RMHMC) use jump_estimate='transition'.")
     if not isinstance(num_warmup, (int, np.integer)) or num_warmup < 0:
         raise ValueError(f"num_warmup must be an integer >= 0; got {num_warmup!r}.")
     if (step_size_bounds is None) != (num_steps_bounds is None):
@@ -573,6 +678,8 @@ def build_engine(
         raise ValueError(
             f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
             f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
+    by_trajectory = jump_estimate == "trajectory"
+    num_step_values = int(box0[1][1]) if by_trajectory else 0  # the box's largest L
     gp_warmup = max(num_warmup - metric_phase, 0)
     num_warmup_rounds = gp_warmup // round_length
     k_value = int(k) if k is not None else max(num_warmup_rounds, 1)
@@ -596,7 +703,7 @@ def build_engine(
         num_steps_cap=int(num_steps_cap), warmup_integration_time=float(warmup_integration_time),
         target_acceptance_rate=float(target_acceptance_rate), objective=objective_fn,
         freeze_after=freeze_rounds, restart_lost_chains=bool(restart_lost_chains),
-        min_steps_fraction=min_steps_fraction,
+        min_steps_fraction=min_steps_fraction, jump_estimate=jump_estimate,
     )
 
     # Static per-iteration schedule of the metric phase: (is_slow_window, is_window_end).
@@ -754,11 +861,24 @@ def build_engine(
         )
 
     def fresh_round_stats(num_chains, dtype):
-        """Empty round sums, one per chain."""
-        return jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+        """Empty round sums, one per chain (with per-length sums for ``jump_estimate="trajectory"``)."""
+        stats = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+        if not by_trajectory:
+            return stats
+        shape = (num_chains, num_step_values)
+        return TrajectoryRoundStats(stats, jnp.zeros(shape, dtype), jnp.zeros(shape, jnp.int32))
+
+    def made_jumps(stats) -> RoundStats:
+        return stats.stats if by_trajectory else stats
 
     def chain_rewards(stats, arm_l, dtype):
         """The objective of each chain's round (its sums and its L)."""
+        if by_trajectory:  # the round's mean squared jump from every leapfrog step (made jumps if none)
+            lowest = min_num_steps(arm_l, min_steps_fraction, jnp)
+            estimate = jax.vmap(trajectory_jump_estimate)(stats.step_sums, stats.step_counts, lowest)
+            made = stats.stats
+            total = jnp.where(jnp.isfinite(estimate), estimate * made.num_iterations, made.sum_squared_jump)
+            stats = made._replace(sum_squared_jump=total.astype(made.sum_squared_jump.dtype))
         return jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
 
     def round_buffers(positions, tuner_state, box, rng_key):
@@ -786,7 +906,7 @@ def build_engine(
         ``(reward, arm_changed, adapt_probability)`` per chain in place of the probability."""
         tuner_state, stats, _, hook_state = operand
         num_chains = arm_l.shape[0]
-        dtype = stats.sum_squared_jump.dtype
+        dtype = made_jumps(stats).sum_squared_jump.dtype
         if round_end_fn is None:
             rewards = chain_rewards(stats, arm_l, dtype)
         else:
@@ -868,9 +988,21 @@ def build_engine(
                 num = jnp.clip(jnp.floor(shared_u * span).astype(jnp.int32) + lowest, lowest, max_c)
             else:
                 num = jax.random.randint(key_l, (), lowest, max_c + 1)
-            new, info = hmc_kernel(key_k, hmc.HMCState(position, logdensity, grad), logdensity_of(*data),
-                                   eps_c, metric, num)
+            new, info = step_kernel(key_k, hmc.HMCState(position, logdensity, grad), logdensity_of(*data),
+                                    eps_c, metric, num)
             return new, info, num
+
+        if by_trajectory:  # the same transition, each step's a_l J_l reported (whitened as the reward's jumps)
+            if dense:
+                def whiten(dx):
+                    return state.whitening @ dx
+            else:
+                def whiten(dx):
+                    return dx / jnp.sqrt(state.inverse_mass_matrix)
+            step_kernel = hmc.build_kernel(integrator, divergence_threshold,
+                                           trajectory_proposal(num_step_values, whiten))
+        else:
+            step_kernel = hmc_kernel
 
         # A dense matrix goes in with its momentum factor (no factorisation per transition);
         # a user's kernel (RMHMC) gets the matrix as before.
@@ -977,8 +1109,12 @@ def build_engine(
         else:
             scale, stats_center = jnp.sqrt(imm), center
         stats = jax.vmap(round_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))(
-            state.round_stats, flat_old, flat_new, num_taken, hmc_info.acceptance_rate,
+            made_jumps(state.round_stats), flat_old, flat_new, num_taken, hmc_info.acceptance_rate,
             hmc_info.is_divergent, scale, stats_center)
+        if by_trajectory:
+            reached = jnp.arange(num_step_values)[None, :] < num_taken[:, None]
+            stats = TrajectoryRoundStats(stats, state.round_stats.step_sums + hmc_info.step_values.astype(dtype),
+                                         state.round_stats.step_counts + reached.astype(jnp.int32))
         if not sampling:
             stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
                                  fresh_round_stats(num_chains, dtype), stats)

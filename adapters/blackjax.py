@@ -32,7 +32,9 @@ Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`)
 ``is_mass_matrix_diagonal=False``; ``"auto"``: dense only where the warm-up finds correlations beyond
 estimation noise, :func:`ahmc.core.prefers_dense`), ``pooled``, ``round_length``,
 ``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
-``objective``, ``divergence_penalty``, ``min_steps_fraction`` (``L_t ~ U{ceil(f L)..L}``; 0 = the
+``objective``, ``divergence_penalty``, ``jump_estimate`` (``"trajectory"``: the reward's mean squared jump
+from every leapfrog step of the round, each weighted by its acceptance probability; ``"transition"``: the
+jumps made, the paper's), ``min_steps_fraction`` (``L_t ~ U{ceil(f L)..L}``; 0 = the
 paper's ``U{1..L}``), ``shared_num_steps`` (default True: one ``L_t`` draw per iteration for all chains,
 so the vectorized integrator wastes no gradients; False: each chain draws its own), ``schedule``, ``k``,
 ``freeze_after``, ``target_acceptance_rate``,
@@ -43,8 +45,8 @@ transitions one after another in the compiled step instead of ``vmap``-ed; the R
 with SoftAbs, whose implicit solves take a different number of iterations on each chain at the cost
 of an eigen-decomposition each).  ``paper_preset=True``
 selects Algorithm 2 as published (identity mass matrix, GP from the first
-round, linear step-size grid, ``k = 100``, no divergence penalty, ``U{1..L}`` drawn per chain; requires the
-two bounds).
+round, linear step-size grid, ``k = 100``, no divergence penalty, the jumps made as the reward, ``U{1..L}``
+drawn per chain; requires the two bounds).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ __all__ = [
 ]
 
 PAPER_PRESET = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0,
-                "min_steps_fraction": 0.0, "shared_num_steps": False}
+                "min_steps_fraction": 0.0, "shared_num_steps": False, "jump_estimate": "transition"}
 
 
 class GPUCBAdaptationInfo(NamedTuple):

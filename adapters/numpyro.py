@@ -99,7 +99,7 @@ class AdaptiveHMC(MCMCKernel):
         ``num_steps_bounds``, ``adapt_mass_matrix``, ``dense_mass`` (``True``: a dense mass matrix, as
         NumPyro's NUTS option; one matrix over all sites; ``"auto"``: dense only where the warm-up
         finds correlations beyond estimation noise), ``round_length``,
-        ``objective``, ``divergence_penalty``, ``min_steps_fraction``, ``shared_num_steps`` (default True;
+        ``objective``, ``divergence_penalty``, ``jump_estimate``, ``min_steps_fraction``, ``shared_num_steps`` (default True;
         with ``chain_method="vectorized"`` all chains take the same number of leapfrog steps each iteration),
         ``schedule``, ``k``,
         ``freeze_after`` (rounds, or ``"warmup"``), ``pooled`` (vectorized chains only), and the GP settings

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 
@@ -38,16 +39,21 @@ def compare(before: dict, after: dict) -> tuple[str, dict]:
     """Markdown table of the pairs present in both, and counts (pairs, changed)."""
     lines = ["| model | sampler | seed | min ESS/grad before | after | ratio | max R-hat before | after | "
              "restarts before | after |", "|---|---|---|---|---|---|---|---|---|---|"]
-    changed = 0
+    changed, log_ratios = 0, []
     keys = sorted(set(before) & set(after))
     for key in keys:
         (ess0, rhat0, restarts0), (ess1, rhat1, restarts1) = _row(before[key]), _row(after[key])
         same = abs(ess1 - ess0) <= 1e-12 * max(abs(ess0), 1.0)
         changed += not same
+        if ess0 > 0 and ess1 > 0:
+            log_ratios.append(math.log(ess1 / ess0))
         ratio = "same" if same else f"{ess1 / ess0:.2f}x" if ess0 > 0 else "n/a"
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ess0:.4g} | {ess1:.4g} | {ratio} | {rhat0:.3f} | "
                      f"{rhat1:.3f} | {restarts0:g} | {restarts1:g} |")
-    return "\n".join(lines) + "\n", {"pairs": len(keys), "changed": changed}
+    geometric_mean = math.exp(sum(log_ratios) / len(log_ratios)) if log_ratios else math.nan
+    below = sum(r < 0 for r in log_ratios)
+    return "\n".join(lines) + "\n", {"pairs": len(keys), "changed": changed, "geometric_mean": geometric_mean,
+                                      "below": below}
 
 
 def main(argv=None):
@@ -57,7 +63,8 @@ def main(argv=None):
     parser.add_argument("--output", default=None, help="write the Markdown table here (default: print it)")
     args = parser.parse_args(argv)
     table, counts = compare(load_runs(args.before), load_runs(args.after))
-    text = f"{counts['changed']} of {counts['pairs']} runs changed.\n\n{table}"
+    text = (f"{counts['changed']} of {counts['pairs']} runs changed; min ESS per gradient after / before: "
+            f"geometric mean {counts['geometric_mean']:.3f}, {counts['below']} runs below 1.\n\n{table}")
     if args.output:
         Path(args.output).write_text(text)
     print(text)

@@ -45,7 +45,8 @@ def _time(compiled, args, repeats):
     return np.asarray(times), out
 
 
-def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=21, seed=0, dense_mass=False) -> dict:
+def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=21, seed=0, dense_mass=False,
+            jump_estimate=None) -> dict:
     """Per-iteration times of the three ways (see the module docstring) on one model."""
     import jax
     import jax.numpy as jnp
@@ -56,7 +57,8 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
     from . import models as bench_models
 
     positions = jnp.asarray(bench_models.initial_positions(model, num_chains, seed))
-    engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, dense_mass=dense_mass)
+    engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, dense_mass=dense_mass,
+                                      jump_estimate=jump_estimate)
     init_key, warm_key, draw_key, bare_key = jax.random.split(jax.random.key(seed), 4)
     scan = jax.jit(_jax_engine._scan_impl, static_argnums=(0, 3, 4))
     state = engine.init(positions, init_key)
@@ -90,6 +92,7 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
 
     return {
         "model": model.name, "dim": int(model.dim), "dense_mass": bool(dense_mass), "num_chains": num_chains,
+        "jump_estimate": engine.config.jump_estimate,
         "num_iterations": num_iterations,
         "repeats": repeats, "final_step_size": float(parameters["step_size"]),
         "final_num_steps": int(parameters["num_integration_steps"]),
@@ -113,14 +116,15 @@ def markdown(results: dict) -> str:
         "per chain per iteration. `step`: scan of `engine.step` (before); `scan_draws`: what `run_chains` "
         "runs now; `bare`: BlackJAX `dynamic_hmc` at the final arm, no tuner.",
         "",
-        "| model | d | mass matrix | chains | step (us) | scan_draws (us) | bare BlackJAX (us) | speed-up | "
+        "| model | d | mass matrix | jump estimate | chains | step (us) | scan_draws (us) | bare BlackJAX (us) | speed-up | "
         "scan_draws / bare | steps | same draws |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["models"]:
         s, d, b = r["step"], r["scan_draws"], r["bare"]
         lines.append(
-            f"| {r['model']} | {r['dim']} | {'dense' if r.get('dense_mass') else 'diagonal'} | {r['num_chains']} | "
+            f"| {r['model']} | {r['dim']} | {'dense' if r.get('dense_mass') else 'diagonal'} | "
+            f"{r.get('jump_estimate', 'transition')} | {r['num_chains']} | "
             f"{s['us_per_iteration_min']:.1f} / "
             f"{s['us_per_iteration_median']:.1f} | {d['us_per_iteration_min']:.1f} / "
             f"{d['us_per_iteration_median']:.1f} | {b['us_per_iteration_min']:.1f} / "
@@ -139,6 +143,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--num-iterations", type=int, default=1000)
     parser.add_argument("--num-warmup", type=int, default=1000)
     parser.add_argument("--dense", action="store_true", help="dense_mass=True (the bare kernel gets the dense matrix)")
+    parser.add_argument("--jump-estimate", default=None, choices=("trajectory", "transition"),
+                        help="the engine's jump_estimate (default: the engine's default)")
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
 
@@ -153,7 +159,7 @@ def main(argv=None) -> dict:
         print(f"{name} ...", flush=True)
         rows.append(measure(bench_models.get_model(name), num_warmup=args.num_warmup,
                             num_iterations=args.num_iterations, repeats=args.repeats,
-                            dense_mass=args.dense))
+                            dense_mass=args.dense, jump_estimate=args.jump_estimate))
     args.seed = 0
     results = save_study(args, argv, "engine_overhead", rows, markdown, args.output)
     print(markdown(results))

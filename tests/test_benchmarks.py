@@ -995,7 +995,8 @@ def test_compare_runs_lists_pairs_in_both_sets_and_counts_the_changed_ones(tmp_p
     after = write("after.json", 0, [run("pima", 0.2, [0, 0]), run("earnings", 0.02, [1, 0])])
     output = tmp_path / "table.md"
     counts = main(["--before", before, "--after", after, "--output", str(output)])
-    assert counts == {"pairs": 2, "changed": 1}
+    assert (counts["pairs"], counts["changed"], counts["below"]) == (2, 1, 0)
+    assert counts["geometric_mean"] == pytest.approx(math.sqrt(0.02 / 0.018))  # pima 1x, earnings 1.11x
     text = output.read_text()
     assert "| earnings | ahmc_blackjax | 0 | 0.018 | 0.02 | 1.11x |" in text and "| 0 | 1 |" in text
     assert "| pima | ahmc_blackjax | 0 | 0.2 | 0.2 | same |" in text and "kidiq" not in text

@@ -588,3 +588,85 @@ def test_a_non_finite_reward_warns_and_the_run_goes_on():
     assert long_arm.any() and (~long_arm).any()
     assert np.isnan(rewards[ends][long_arm]).all() and np.isfinite(rewards[ends][~long_arm]).all()
     assert np.all(np.isfinite(np.asarray(samples)))
+
+
+# --------------------------------------------------------------------------- #
+# jump_estimate="trajectory": the reward's jump from every leapfrog step
+# --------------------------------------------------------------------------- #
+
+
+def test_trajectory_proposal_makes_blackjaxs_transition_and_reports_each_step():
+    """Same key: BlackJAX's endpoint transition; per step l, min(1, exp(-energy error)) x the squared jump
+    from the start in units of the metric's standard deviations, 0 for the steps not taken."""
+    import blackjax.mcmc.hmc as hmc
+    import blackjax.mcmc.integrators as integrators
+    import blackjax.mcmc.metrics as metrics
+
+    from ahmc.adapters._jax_engine import trajectory_proposal
+
+    variances = jnp.asarray([1.0, 0.5, 2.0, 1.0, 4.0, 1.0])  # not the target's: acceptance < 1
+    start = hmc.init(jnp.asarray([0.5, -3.0, 0.02, 1.0, -0.4, 0.3]), standard_normal)
+    key, step_size, num_steps = jax.random.key(3), 0.9, 3
+    plain, plain_info = hmc.build_kernel()(key, start, standard_normal, step_size, variances, num_steps)
+    kernel = hmc.build_kernel(build_proposal=trajectory_proposal(5, lambda dx: dx / jnp.sqrt(variances)))
+    new, info = kernel(key, start, standard_normal, step_size, variances, num_steps)
+    np.testing.assert_allclose(np.asarray(new.position), np.asarray(plain.position), rtol=1e-6)
+    assert float(info.acceptance_rate) == pytest.approx(float(plain_info.acceptance_rate), rel=1e-6)
+    assert bool(info.is_accepted) == bool(plain_info.is_accepted)
+
+    metric = metrics.default_metric(variances)
+    step = integrators.velocity_verlet(standard_normal, metric.kinetic_energy)
+    state = integrators.IntegratorState(start.position, info.momentum, start.logdensity, start.logdensity_grad)
+
+    def energy(s):
+        return -float(s.logdensity) + float(metric.kinetic_energy(s.momentum))
+
+    expected, accepts, moved = [], [], state
+    for _ in range(num_steps):
+        moved = step(moved, step_size)
+        accepts.append(min(1.0, math.exp(-(energy(moved) - energy(state)))))
+        jump = np.sum((np.asarray(moved.position) - np.asarray(start.position)) ** 2 / np.asarray(variances))
+        expected.append(accepts[-1] * jump)
+    values = np.asarray(info.step_values)
+    np.testing.assert_allclose(values[:num_steps], expected, rtol=1e-4)  # float32
+    np.testing.assert_array_equal(values[num_steps:], 0.0)
+    assert min(expected) > 0 and min(accepts) < 0.99  # the weights matter here
+
+
+def test_trajectory_jump_estimate_is_the_cores():
+    from ahmc.adapters._jax_engine import trajectory_jump_estimate
+    from ahmc.core import StepJumps, step_jumps_estimate
+
+    rng = np.random.default_rng(4)
+    sums, counts = rng.exponential(size=7), np.array([9, 7, 4, 4, 1, 0, 0])
+    sums[counts == 0] = 0.0
+    for lowest in (1, 3, 5, 6):
+        core = step_jumps_estimate(StepJumps(tuple(sums), tuple(counts)), lowest)
+        ours = float(trajectory_jump_estimate(jnp.asarray(sums), jnp.asarray(counts), lowest))
+        if lowest == 6:
+            assert math.isnan(core) and math.isnan(ours)
+        else:
+            assert ours == pytest.approx(core, rel=1e-6)
+
+
+def test_jump_estimates_make_the_same_first_round_with_different_rewards():
+    """The arm has not moved in the first round, so both estimates draw the same chains; the rewards
+    differ (the trajectory estimate is not the made jumps)."""
+    runs = {estimate: run_chains(jax.random.key(5), ill_scaled_gaussian, initial_positions(6, 10), 0, 10,
+                                 paper_preset=True, step_size_bounds=(0.004, 0.006), num_steps_bounds=(2, 8),
+                                 jump_estimate=estimate)
+            for estimate in ("transition", "trajectory")}
+    np.testing.assert_allclose(np.asarray(runs["trajectory"][0]), np.asarray(runs["transition"][0]), rtol=1e-4)
+    rewards = {k: np.asarray(info.reward[9]) for k, (_, info) in runs.items()}
+    assert np.isfinite(rewards["trajectory"]).all() and not np.allclose(rewards["trajectory"], rewards["transition"])
+    with pytest.raises(ValueError, match="jump_estimate"):
+        adaptive_hmc(standard_normal, jump_estimate="steps")
+
+
+@pytest.mark.parametrize("dense_mass", [False, pytest.param(True, marks=pytest.mark.slow)])  # ~25 s each
+def test_trajectory_jump_estimate_samples_the_target(dense_mass):
+    samples, info = run_chains(jax.random.key(7), ill_scaled_gaussian, initial_positions(8, 10), 1000, 1000,
+                               jump_estimate="trajectory", dense_mass=dense_mass)
+    assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(ILL_SCALES))
+    rewards = np.asarray(info.reward)  # NaN except at round ends: 150 rounds after the 500 metric iterations
+    assert np.isfinite(rewards).sum() == 150 * NUM_CHAINS
