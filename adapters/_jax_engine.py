@@ -977,17 +977,27 @@ def build_engine(
             max_steps = jnp.where(in_metric_phase, warm_l, arm_l)
 
         # One HMC transition per chain, L_t ~ U{L_min..L} (L_min = 1: the paper's jitter).
-        if shared_num_steps:  # one u for every chain: L_t = L_min + floor(u (L - L_min + 1))
+        def shared_count(max_c):  # one u for every chain: L_t = L_min + floor(u (L - L_min + 1))
+            lowest = min_num_steps(max_c, min_steps_fraction, jnp)
+            span = max_c - lowest + 1
+            return jnp.clip(jnp.floor(shared_u * span).astype(jnp.int32) + lowest, lowest, max_c)
+
+        common_num = None
+        if shared_num_steps:
             shared_u = jax.random.uniform(jax.random.fold_in(key_hmc, 3), (), dtype)
+            if pooled:  # every chain runs the same L: the count is computed once, outside the chains' vmap,
+                # so the leapfrog loop's trip count is not batched (a batched one makes vmap select the
+                # whole loop state at every step)
+                common_num = shared_count(max_steps[0])
 
         def transition(key, position, logdensity, grad, eps_c, max_c, *data):
             key_l, key_k = jax.random.split(key)
-            lowest = min_num_steps(max_c, min_steps_fraction, jnp)
-            if shared_num_steps:
-                span = max_c - lowest + 1
-                num = jnp.clip(jnp.floor(shared_u * span).astype(jnp.int32) + lowest, lowest, max_c)
+            if common_num is not None:
+                num = common_num
+            elif shared_num_steps:
+                num = shared_count(max_c)
             else:
-                num = jax.random.randint(key_l, (), lowest, max_c + 1)
+                num = jax.random.randint(key_l, (), min_num_steps(max_c, min_steps_fraction, jnp), max_c + 1)
             new, info = step_kernel(key_k, hmc.HMCState(position, logdensity, grad), logdensity_of(*data),
                                     eps_c, metric, num)
             return new, info, num
