@@ -73,10 +73,9 @@ import blackjax.mcmc.metrics as metrics
 from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
 from blackjax.adaptation.step_size import dual_averaging_adaptation, find_reasonable_step_size
 from blackjax.adaptation.window_adaptation import build_schedule
-from blackjax.util import generate_gaussian_noise
-
 from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 from blackjax.mcmc.trajectory import hmc_energy
+from blackjax.util import generate_gaussian_noise
 
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
                        WARMUP_MAX_STEPS, RoundStats, TunerState, check_min_steps_fraction, get_objective, gp_ucb,
