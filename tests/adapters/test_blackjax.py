@@ -318,6 +318,7 @@ def test_eight_schools_noncentered_reference():
     assert_reference_match(draws, "eight_schools-eight_schools_noncentered")
 
 
+@pytest.mark.slow  # ~20 s; PyMC's sblrc test stays; default run under 15 min (2026-11-29)
 def test_sblrc_blr_reference():
     """Linear regression with predictors of scale ~100: posterior sds differ by 10^4."""
     data = load_reference("sblrc-blr")["data"]
@@ -454,6 +455,7 @@ def test_adaptive_hmc_continues_the_warmup_and_freezes():
     assert int(state.tuner.round) == 20 + 30  # rewards still recorded (GP keeps learning)
 
 
+@pytest.mark.slow  # ~20 s; the schedule: tests/core, PyMC's stats tests; default run under 15 min (2026-11-29)
 def test_infinite_adaptation_probability_decays():
     _, info = run_chains(jax.random.key(23), standard_normal, initial_positions(24, 3), 400, 2000)
     p = np.asarray(info.adapt_probability[:, 0])
@@ -667,7 +669,8 @@ def test_jump_estimates_make_the_same_first_round_with_different_rewards():
         adaptive_rmhmc(standard_normal, jump_estimate="trajectory")
 
 
-@pytest.mark.parametrize("dense_mass", [False, pytest.param(True, marks=pytest.mark.slow)])  # ~25 s each
+@pytest.mark.slow  # ~25 s each; the default: every JAX sampling test of the default run samples with it
+@pytest.mark.parametrize("dense_mass", [False, True])
 def test_trajectory_jump_estimate_samples_the_target(dense_mass):
     samples, info = run_chains(jax.random.key(7), ill_scaled_gaussian, initial_positions(8, 10), 1000, 1000,
                                jump_estimate="trajectory", dense_mass=dense_mass)
