@@ -304,6 +304,7 @@ def eight_schools_noncentered():
     return logdensity
 
 
+@pytest.mark.slow  # ~23 s; the engine's eight schools stays in test_pymc_jax.py; default run under 15 min (2026-11-29)
 def test_eight_schools_noncentered_reference():
     key = jax.random.key(6)
     positions = {
