@@ -249,10 +249,11 @@ def trajectory_proposal(num_values: int, whiten: Callable) -> Callable:
             end, values, _ = jax.lax.fori_loop(0, num_integration_steps, one_step,
                                                (state, values, jnp.asarray(False)))
             end = hmc.flip_momentum(end)
-            delta_energy = safe_energy_diff(start_energy, energy_of(end))
+            end_energy = energy_of(end)
+            delta_energy = safe_energy_diff(start_energy, end_energy)
             is_diverging = -delta_energy > divergence_threshold
             sampled, (do_accept, p_accept, _) = static_binomial_sampling(rng_key, delta_energy, state, end)
-            info = TrajectoryInfo(state.momentum, p_accept, do_accept, is_diverging, energy_of(end), end,
+            info = TrajectoryInfo(state.momentum, p_accept, do_accept, is_diverging, end_energy, end,
                                   num_integration_steps, values)
             return sampled, info, None
 
