@@ -2,9 +2,14 @@
 
     ./dev run python -m benchmarks.readme_table benchmarks/results/<name>.json
     ./dev run python -m benchmarks.readme_table --summary ahmc_blackjax benchmarks/results/bench_full.json
+    ./dev run python -m benchmarks.readme_table --summary ahmc_blackjax run.json --nuts-from bench_full.json
 
 The first prints every sampler's row; ``--summary SAMPLER`` prints one AHMC
 sampler per model against the best NUTS and NumPyro's NUTS (the full run's table).
+``--nuts-from OTHER.json`` also counts the NUTS rows of another run with the same
+mode, seed, chains and draws toward "best NUTS" (per gradient only: the chains are
+the same, so a NUTS run of another day draws the same numbers; per-second ratios
+stay within ``run.json``).
 """
 
 import json
@@ -39,9 +44,32 @@ def table(path):
     return "\n".join(lines)
 
 
-def summary(path, sampler):
-    """One row per model: ``sampler`` against the best NUTS (per gradient) and NumPyro's NUTS (per second)."""
+SAME_RUN_SETTINGS = ("num_chains", "num_warmup", "num_samples", "dtype")
+
+
+def other_nuts(results, path):
+    """``{model: {sampler: min ESS/grad}}`` of the NUTS rows in ``path``, a run made like ``results``."""
+    other = json.load(open(path))
+    differ = [key for key in SAME_RUN_SETTINGS if other["settings"].get(key) != results["settings"].get(key)]
+    if other.get("mode") != results.get("mode") or other["environment"].get("seed") != results["environment"].get("seed"):
+        differ.append("mode/seed")
+    if differ:
+        raise SystemExit(f"--nuts-from {path}: not made like the summarized run ({', '.join(differ)} differ)")
+    rows: dict = {}
+    for r in other["runs"]:
+        if r["sampler"] in NUTS and r["status"] == "ok":
+            rows.setdefault(r["model"], {})[r["sampler"]] = r["metrics"]["ess_per_grad"]["min"]
+    return rows
+
+
+def summary(path, sampler, nuts_from=None):
+    """One row per model: ``sampler`` against the best NUTS (per gradient) and NumPyro's NUTS (per second).
+
+    ``nuts_from``: another run's NUTS rows also count toward the best NUTS (see the module docstring);
+    a sampler in both runs counts with this run's row.
+    """
     results = json.load(open(path))
+    extra = other_nuts(results, nuts_from) if nuts_from else {}
     lines = ["| model | d | min ESS/grad | best NUTS (which) | ratio | min ESS/s vs NumPyro NUTS "
              "| max R-hat | max \\|z\\| (means) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -53,8 +81,9 @@ def summary(path, sampler):
             lines.append(f"| {model} | {info['dim']} | {reason[:70]} | | | | | |")
             continue
         m = mine["metrics"]
-        nuts = {name: r["metrics"]["ess_per_grad"]["min"] for name, r in runs.items()
-                if name in NUTS and r["status"] == "ok"}
+        nuts = dict(extra.get(model, {}))
+        nuts.update({name: r["metrics"]["ess_per_grad"]["min"] for name, r in runs.items()
+                     if name in NUTS and r["status"] == "ok"})
         best = max(nuts, key=nuts.get) if nuts else None
         numpyro = runs.get("numpyro_nuts")
         per_second = (f"{m['ess_per_second']['min'] / numpyro['metrics']['ess_per_second']['min']:.2f}x"
@@ -69,6 +98,6 @@ def summary(path, sampler):
 
 if __name__ == "__main__":
     if sys.argv[1] == "--summary":
-        print(summary(sys.argv[3], sys.argv[2]))
+        print(summary(sys.argv[3], sys.argv[2], sys.argv[5] if sys.argv[4:5] == ["--nuts-from"] else None))
     else:
         print(table(sys.argv[1]))

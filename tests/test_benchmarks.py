@@ -1028,3 +1028,28 @@ def test_finished_runs_give_back_the_memory_maps_of_their_compiled_programs():
     assert grown > 500  # one engine run compiles programs worth ~1000 maps
     run.free_compiled_programs()
     assert maps() - before < 0.2 * grown
+
+
+def test_summary_takes_the_best_nuts_from_another_run_made_the_same_way(tmp_path):
+    from benchmarks.readme_table import summary
+
+    settings = {"num_chains": 4, "num_warmup": 1000, "num_samples": 1000, "dtype": "float64"}
+
+    def run(sampler, ess_grad, ess_second=1.0):
+        return {"model": "pima", "sampler": sampler, "status": "ok",
+                "metrics": {"ess_per_grad": {"min": ess_grad}, "ess_per_second": {"min": ess_second},
+                            "rhat_max": 1.004}}
+
+    def write(name, runs, seed=0):
+        path = tmp_path / name
+        path.write_text(json.dumps({"mode": "full", "settings": settings, "environment": {"seed": seed},
+                                    "models": {"pima": {"dim": 8}}, "runs": runs}))
+        return str(path)
+
+    mine = write("mine.json", [run("numpyro_nuts", 0.12, 2.0), run("ahmc_blackjax", 0.24, 3.0)])
+    other = write("other.json", [run("pymc_nuts", 0.16), run("ahmc_blackjax", 0.5)])
+    alone, merged = summary(mine, "ahmc_blackjax"), summary(mine, "ahmc_blackjax", other)
+    assert "0.12 (numpyro_nuts) | 2.00x | 1.50x |" in alone
+    assert "0.16 (pymc_nuts) | 1.50x | 1.50x |" in merged  # per second stays against this run's NumPyro NUTS
+    with pytest.raises(SystemExit, match="mode/seed"):
+        summary(mine, "ahmc_blackjax", write("seed1.json", [run("pymc_nuts", 0.16)], seed=1))
