@@ -204,11 +204,14 @@ def carried_metric(inverse_mass_matrix, whitening) -> metrics.Metric:
 
 
 class TrajectoryInfo(NamedTuple):
-    """BlackJAX's ``HMCInfo`` fields plus ``step_values`` (``jump_estimate="trajectory"``).
+    """BlackJAX's ``HMCInfo`` fields plus the round's per-length sums after this transition
+    (``jump_estimate="trajectory"``).
 
-    ``step_values[l - 1]``: the acceptance probability had the trajectory stopped after ``l``
-    leapfrog steps times the whitened squared jump from its start to there (0 from a divergent or
-    non-finite step on, and for the steps not taken); length: the box's largest ``L``."""
+    ``step_sums[l - 1]``: the sums given to :func:`trajectory_proposal` plus this trajectory's
+    ``a_l J_l``, the acceptance probability had it stopped after ``l`` leapfrog steps times the
+    whitened squared jump from its start to there (0 from a divergent or non-finite step on);
+    ``step_counts[l - 1]``: the counts given plus 1 for each step taken.  Length: the box's
+    largest ``L``."""
 
     momentum: Any
     acceptance_rate: Any
@@ -217,16 +220,22 @@ class TrajectoryInfo(NamedTuple):
     energy: Any
     proposal: Any
     num_integration_steps: Any
-    step_values: Any
+    step_sums: Any
+    step_counts: Any
 
 
-def trajectory_proposal(num_values: int, whiten: Callable) -> Callable:
-    """A ``build_proposal`` for :func:`blackjax.mcmc.hmc.build_kernel` that also reports every step.
+def trajectory_proposal(whiten: Callable, step_sums, step_counts) -> Callable:
+    """A ``build_proposal`` for :func:`blackjax.mcmc.hmc.build_kernel` that also adds every step's
+    value to a round's per-length sums.
 
     The same endpoint proposal as BlackJAX's ``hmc_proposal`` (BlackJAX's integrator, energy and
-    ``static_binomial_sampling``), integrated by a loop that at each step ``l`` also records
-    ``a_l J_l`` (:class:`TrajectoryInfo`): what :func:`ahmc.core.step_jumps_estimate` averages.
-    ``whiten`` maps a flattened position difference to the frame the reward measures jumps in."""
+    ``static_binomial_sampling``), integrated by a loop that at each step ``l`` also adds
+    ``a_l J_l`` to ``step_sums[l - 1]`` and 1 to ``step_counts[l - 1]`` (returned in
+    :class:`TrajectoryInfo`): what :func:`ahmc.core.step_jumps_estimate` averages.  Adding in the
+    loop touches only the steps taken; a vector of values per transition added to the sums
+    afterwards cost ``O(largest L)`` per iteration (about half the engine's time per iteration on
+    a 10-d Gaussian with the automatic box's 1024).  ``whiten`` maps a flattened position
+    difference to the frame the reward measures jumps in."""
 
     def build(integrator, kinetic_energy, step_size, num_integration_steps, divergence_threshold):
         energy_of = hmc_energy(kinetic_energy)
@@ -236,25 +245,32 @@ def trajectory_proposal(num_values: int, whiten: Callable) -> Callable:
             start = ravel_pytree(state.position)[0]
 
             def one_step(i, carry):
-                current, values, failed = carry
+                current, sums, counts, failed = carry
                 current = integrator(current, step_size)
                 delta = safe_energy_diff(start_energy, energy_of(current))  # NaN -> -inf
                 failed = failed | (-delta > divergence_threshold) | ~jnp.isfinite(delta)
                 accept = jnp.where(failed, 0.0, jnp.exp(jnp.minimum(delta, 0.0)))
                 jump = whiten(ravel_pytree(current.position)[0] - start)
-                values = values.at[i].set((accept * jnp.sum(jump * jump)).astype(values.dtype), mode="drop")
-                return current, values, failed
+                # In place (a dynamic update slice, O(1)): `.at[i].add(mode="drop")` selects the whole
+                # vector at every step.  A step beyond the vector (warm-up's metric phase only, whose
+                # sums are discarded) adds nothing to the clamped last entry.
+                inside = i < sums.shape[0]
+                value = jnp.where(inside, accept * jnp.sum(jump * jump), 0.0).astype(sums.dtype)
+                sums = jax.lax.dynamic_update_index_in_dim(
+                    sums, jax.lax.dynamic_index_in_dim(sums, i, keepdims=False) + value, i, 0)
+                counts = jax.lax.dynamic_update_index_in_dim(
+                    counts, jax.lax.dynamic_index_in_dim(counts, i, keepdims=False) + inside.astype(counts.dtype), i, 0)
+                return current, sums, counts, failed
 
-            values = jnp.zeros((num_values,), start.dtype)
-            end, values, _ = jax.lax.fori_loop(0, num_integration_steps, one_step,
-                                               (state, values, jnp.asarray(False)))
+            end, sums, counts, _ = jax.lax.fori_loop(0, num_integration_steps, one_step,
+                                                     (state, step_sums, step_counts, jnp.asarray(False)))
             end = hmc.flip_momentum(end)
             end_energy = energy_of(end)
             delta_energy = safe_energy_diff(start_energy, end_energy)
             is_diverging = -delta_energy > divergence_threshold
             sampled, (do_accept, p_accept, _) = static_binomial_sampling(rng_key, delta_energy, state, end)
             info = TrajectoryInfo(state.momentum, p_accept, do_accept, is_diverging, end_energy, end,
-                                  num_integration_steps, values)
+                                  num_integration_steps, sums, counts)
             return sampled, info, None
 
         return generate
@@ -567,11 +583,10 @@ def build_engine(
         per length and then over lengths (:func:`ahmc.core.step_jumps_estimate`; the same
         target without the noise of the accept/reject coin and of the draw of ``L_t``).
         The transitions are the same; the kernel is BlackJAX's ``build_kernel`` with a
-        proposal that also reports each step (:func:`trajectory_proposal`).  It costs, per
-        leapfrog step, the kinetic energy, the whitened jump (``O(d)``, ``O(d^2)`` with a
-        dense matrix) and a write into a vector of the box's largest ``L``
-        (``num_steps_cap`` with the automatic box), and two such vector additions per
-        iteration.  ``"transition"``: the jumps the chains made (the paper; the default
+        proposal that also adds each step's value to the round's per-length sums
+        (:func:`trajectory_proposal`; vectors of the box's largest ``L``, ``num_steps_cap``
+        with the automatic box).  It costs, per leapfrog step, the kinetic energy, the
+        whitened jump (``O(d)``, ``O(d^2)`` with a dense matrix) and two writes.  ``"transition"``: the jumps the chains made (the paper; the default
         with a user ``kernel``, e.g. RMHMC, which takes only this).
     initial_arm
         ``(step_size, L)`` of the first round in a user box (default: the box's middle).
@@ -679,7 +694,7 @@ def build_engine(
             f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
             f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
     by_trajectory = jump_estimate == "trajectory"
-    num_step_values = int(box0[1][1]) if by_trajectory else 0  # the box's largest L
+    num_step_values = min(int(box0[1][1]), int(__import__('os').environ.get('CAPX', 10**9))) if by_trajectory else 0
     gp_warmup = max(num_warmup - metric_phase, 0)
     num_warmup_rounds = gp_warmup // round_length
     k_value = int(k) if k is not None else max(num_warmup_rounds, 1)
@@ -990,7 +1005,7 @@ def build_engine(
                 # whole loop state at every step)
                 common_num = shared_count(max_steps[0])
 
-        def transition(key, position, logdensity, grad, eps_c, max_c, *data):
+        def transition(key, position, logdensity, grad, eps_c, max_c, sums_c, counts_c, *data):
             key_l, key_k = jax.random.split(key)
             if common_num is not None:
                 num = common_num
@@ -998,28 +1013,31 @@ def build_engine(
                 num = shared_count(max_c)
             else:
                 num = jax.random.randint(key_l, (), min_num_steps(max_c, min_steps_fraction, jnp), max_c + 1)
-            new, info = step_kernel(key_k, hmc.HMCState(position, logdensity, grad), logdensity_of(*data),
-                                    eps_c, metric, num)
+            kernel_c = (hmc.build_kernel(integrator, divergence_threshold, trajectory_proposal(whiten, sums_c, counts_c))
+                        if by_trajectory else hmc_kernel)
+            new, info = kernel_c(key_k, hmc.HMCState(position, logdensity, grad), logdensity_of(*data),
+                                 eps_c, metric, num)
             return new, info, num
 
-        if by_trajectory:  # the same transition, each step's a_l J_l reported (whitened as the reward's jumps)
+        if by_trajectory:  # the same transition, each step's a_l J_l added to the round's sums (whitened
+            # as the reward's jumps)
             if dense:
                 def whiten(dx):
                     return state.whitening @ dx
             else:
                 def whiten(dx):
                     return dx / jnp.sqrt(state.inverse_mass_matrix)
-            step_kernel = hmc.build_kernel(integrator, divergence_threshold,
-                                           trajectory_proposal(num_step_values, whiten))
-        else:
-            step_kernel = hmc_kernel
+            sums, counts = state.round_stats.step_sums, state.round_stats.step_counts
+        else:  # placeholders for the unused arguments
+            sums = counts = jnp.zeros((num_chains,), jnp.int32)
 
         # A dense matrix goes in with its momentum factor (no factorisation per transition);
         # a user's kernel (RMHMC) gets the matrix as before.
         metric = (carried_metric(state.inverse_mass_matrix, state.whitening) if dense and kernel is None
                   else state.inverse_mass_matrix)
         keys = jax.random.split(key_hmc, num_chains)
-        chain_args = (keys, state.position, state.logdensity, state.logdensity_grad, eps, max_steps, *data_args)
+        chain_args = (keys, state.position, state.logdensity, state.logdensity_grad, eps, max_steps, sums, counts,
+                      *data_args)
         if sequential_chains:
             new, hmc_info, num_taken = jax.lax.map(lambda args: transition(*args), chain_args)
         else:
@@ -1122,9 +1140,7 @@ def build_engine(
             made_jumps(state.round_stats), flat_old, flat_new, num_taken, hmc_info.acceptance_rate,
             hmc_info.is_divergent, scale, stats_center)
         if by_trajectory:
-            reached = jnp.arange(num_step_values)[None, :] < num_taken[:, None]
-            stats = TrajectoryRoundStats(stats, state.round_stats.step_sums + hmc_info.step_values.astype(dtype),
-                                         state.round_stats.step_counts + reached.astype(jnp.int32))
+            stats = TrajectoryRoundStats(stats, hmc_info.step_sums, hmc_info.step_counts)
         if not sampling:
             stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
                                  fresh_round_stats(num_chains, dtype), stats)

@@ -600,7 +600,8 @@ def test_a_non_finite_reward_warns_and_the_run_goes_on():
 
 def test_trajectory_proposal_makes_blackjaxs_transition_and_reports_each_step():
     """Same key: BlackJAX's endpoint transition; per step l, min(1, exp(-energy error)) x the squared jump
-    from the start in units of the metric's standard deviations, 0 for the steps not taken."""
+    from the start in units of the metric's standard deviations added to the given sums, 1 to the
+    given counts; the steps not taken leave both as they were."""
     import blackjax.mcmc.hmc as hmc
     import blackjax.mcmc.integrators as integrators
     import blackjax.mcmc.metrics as metrics
@@ -611,7 +612,9 @@ def test_trajectory_proposal_makes_blackjaxs_transition_and_reports_each_step():
     start = hmc.init(jnp.asarray([0.5, -3.0, 0.02, 1.0, -0.4, 0.3]), standard_normal)
     key, step_size, num_steps = jax.random.key(3), 0.9, 3
     plain, plain_info = hmc.build_kernel()(key, start, standard_normal, step_size, variances, num_steps)
-    kernel = hmc.build_kernel(build_proposal=trajectory_proposal(5, lambda dx: dx / jnp.sqrt(variances)))
+    sums_before, counts_before = jnp.asarray([0.5, 0.0, 2.0, 1.0, 3.0]), jnp.asarray([1, 0, 2, 2, 7])
+    kernel = hmc.build_kernel(build_proposal=trajectory_proposal(lambda dx: dx / jnp.sqrt(variances),
+                                                                 sums_before, counts_before))
     new, info = kernel(key, start, standard_normal, step_size, variances, num_steps)
     np.testing.assert_allclose(np.asarray(new.position), np.asarray(plain.position), rtol=1e-6)
     assert float(info.acceptance_rate) == pytest.approx(float(plain_info.acceptance_rate), rel=1e-6)
@@ -630,9 +633,10 @@ def test_trajectory_proposal_makes_blackjaxs_transition_and_reports_each_step():
         accepts.append(min(1.0, math.exp(-(energy(moved) - energy(state)))))
         jump = np.sum((np.asarray(moved.position) - np.asarray(start.position)) ** 2 / np.asarray(variances))
         expected.append(accepts[-1] * jump)
-    values = np.asarray(info.step_values)
+    values = np.asarray(info.step_sums) - np.asarray(sums_before)
     np.testing.assert_allclose(values[:num_steps], expected, rtol=1e-4)  # float32
     np.testing.assert_array_equal(values[num_steps:], 0.0)
+    np.testing.assert_array_equal(np.asarray(info.step_counts) - np.asarray(counts_before), [1, 1, 1, 0, 0])
     assert min(expected) > 0 and min(accepts) < 0.99  # the weights matter here
 
 
