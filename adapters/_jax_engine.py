@@ -232,9 +232,8 @@ def trajectory_proposal(whiten: Callable, step_sums, step_counts) -> Callable:
     ``static_binomial_sampling``), integrated by a loop that at each step ``l`` also adds
     ``a_l J_l`` to ``step_sums[l - 1]`` and 1 to ``step_counts[l - 1]`` (returned in
     :class:`TrajectoryInfo`): what :func:`ahmc.core.step_jumps_estimate` averages.  Adding in the
-    loop touches only the steps taken; a vector of values per transition added to the sums
-    afterwards cost ``O(largest L)`` per iteration (about half the engine's time per iteration on
-    a 10-d Gaussian with the automatic box's 1024).  ``whiten`` maps a flattened position
+    loop touches only the steps taken, where a vector of values per transition added to the sums
+    afterwards cost ``O(largest L)`` per iteration.  ``whiten`` maps a flattened position
     difference to the frame the reward measures jumps in."""
 
     def build(integrator, kinetic_energy, step_size, num_integration_steps, divergence_threshold):
@@ -586,8 +585,9 @@ def build_engine(
         proposal that also adds each step's value to the round's per-length sums
         (:func:`trajectory_proposal`; vectors of the box's largest ``L``, ``num_steps_cap``
         with the automatic box).  It costs, per leapfrog step, the kinetic energy, the
-        whitened jump (``O(d)``, ``O(d^2)`` with a dense matrix) and two writes.  ``"transition"``: the jumps the chains made (the paper; the default
-        with a user ``kernel``, e.g. RMHMC, which takes only this).
+        whitened jump (``O(d)``, ``O(d^2)`` with a dense matrix) and two writes.
+        ``"transition"``: the jumps the chains made (the paper; the default with a user
+        ``kernel``, e.g. RMHMC, which takes only this).
     initial_arm
         ``(step_size, L)`` of the first round in a user box (default: the box's middle).
     chain_data
@@ -694,7 +694,7 @@ def build_engine(
             f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
             f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
     by_trajectory = jump_estimate == "trajectory"
-    num_step_values = min(int(box0[1][1]), int(__import__('os').environ.get('CAPX', 10**9))) if by_trajectory else 0
+    num_step_values = int(box0[1][1]) if by_trajectory else 0  # the box's largest L
     gp_warmup = max(num_warmup - metric_phase, 0)
     num_warmup_rounds = gp_warmup // round_length
     k_value = int(k) if k is not None else max(num_warmup_rounds, 1)
