@@ -210,8 +210,9 @@ class TrajectoryInfo(NamedTuple):
     ``step_sums[l - 1]``: the sums given to :func:`trajectory_proposal` plus this trajectory's
     ``a_l J_l``, the acceptance probability had it stopped after ``l`` leapfrog steps times the
     whitened squared jump from its start to there (0 from a divergent or non-finite step on);
-    ``step_counts[l - 1]``: the counts given plus 1 for each step taken.  Length: the box's
-    largest ``L``."""
+    ``step_counts[l - 1]``: the counts given plus 1 for each step taken (entries are
+    :func:`step_bin`'s bins when the arm's ``L`` is longer than the vectors).  Length: the box's
+    largest ``L``, at most :data:`MAX_STEP_BINS`."""
 
     momentum: Any
     acceptance_rate: Any
@@ -224,20 +225,44 @@ class TrajectoryInfo(NamedTuple):
     step_counts: Any
 
 
-def trajectory_proposal(whiten: Callable, step_sums, step_counts) -> Callable:
+# Per-length sums longer than this are kept in this many bins of adjacent lengths.  The sums ride in
+# the leapfrog loop's carry, where XLA's CPU backend rewrites the whole vector at every step: with the
+# box's largest L (1024 by default) that took about half of an iteration on a 10-d Gaussian (16 us
+# against 8 us with 64 entries; BENCHMARKS.md, "The same estimate in the JAX adapters").
+MAX_STEP_BINS = 64
+
+
+def step_bin(step_index, max_steps, num_bins):
+    """Bin of leapfrog step ``step_index + 1`` of a trajectory whose arm is ``L = max_steps``: the
+    step itself while ``L <= num_bins``, else ``floor(step_index * num_bins / L)`` (bins of
+    ``L / num_bins`` adjacent lengths)."""
+    return (step_index * num_bins) // jnp.maximum(max_steps, num_bins)
+
+
+def step_bin_widths(num_bins, max_steps, min_steps):
+    """How many of the lengths ``min_steps..max_steps`` fall in each :func:`step_bin`."""
+    span = jnp.maximum(max_steps, num_bins)
+    bins = jnp.arange(num_bins)
+    first = (bins * span + num_bins - 1) // num_bins  # the smallest step index in bin b: ceil(b span / K)
+    after = ((bins + 1) * span + num_bins - 1) // num_bins
+    return jnp.maximum(jnp.minimum(after, max_steps) - jnp.maximum(first, min_steps - 1), 0)
+
+
+def trajectory_proposal(whiten: Callable, step_sums, step_counts, max_steps=None, min_steps=1) -> Callable:
     """A ``build_proposal`` for :func:`blackjax.mcmc.hmc.build_kernel` that also adds every step's
     value to a round's per-length sums.
 
     The same endpoint proposal as BlackJAX's ``hmc_proposal`` (BlackJAX's integrator, energy and
-    ``static_binomial_sampling``), integrated by a loop that at each step ``l`` also adds
-    ``a_l J_l`` to ``step_sums[l - 1]`` and 1 to ``step_counts[l - 1]`` (returned in
-    :class:`TrajectoryInfo`): what :func:`ahmc.core.step_jumps_estimate` averages.  Adding in the
-    loop touches only the steps taken, where a vector of values per transition added to the sums
-    afterwards cost ``O(largest L)`` per iteration.  ``whiten`` maps a flattened position
-    difference to the frame the reward measures jumps in."""
+    ``static_binomial_sampling``), integrated by a loop that at each step ``l >= min_steps`` also
+    adds ``a_l J_l`` to the sums and 1 to the counts (returned in :class:`TrajectoryInfo`): what
+    :func:`ahmc.core.step_jumps_estimate` averages.  Entry ``l - 1`` takes step ``l`` when
+    ``max_steps`` (the arm's ``L``) is ``None`` or fits the vectors, otherwise its
+    :func:`step_bin`.  Adding in the loop touches only the steps taken.  ``whiten`` maps a
+    flattened position difference to the frame the reward measures jumps in."""
 
     def build(integrator, kinetic_energy, step_size, num_integration_steps, divergence_threshold):
         energy_of = hmc_energy(kinetic_energy)
+        num_bins = step_sums.shape[0]
 
         def generate(rng_key, state):
             start_energy = energy_of(state)
@@ -250,15 +275,16 @@ def trajectory_proposal(whiten: Callable, step_sums, step_counts) -> Callable:
                 failed = failed | (-delta > divergence_threshold) | ~jnp.isfinite(delta)
                 accept = jnp.where(failed, 0.0, jnp.exp(jnp.minimum(delta, 0.0)))
                 jump = whiten(ravel_pytree(current.position)[0] - start)
-                # In place (a dynamic update slice, O(1)): `.at[i].add(mode="drop")` selects the whole
-                # vector at every step.  A step beyond the vector (warm-up's metric phase only, whose
-                # sums are discarded) adds nothing to the clamped last entry.
-                inside = i < sums.shape[0]
-                value = jnp.where(inside, accept * jnp.sum(jump * jump), 0.0).astype(sums.dtype)
+                # In place (a dynamic update slice, O(1)): `.at[b].add(mode="drop")` selects the whole
+                # vector at every step.  A step beyond the vector (warm-up's metric phase without an
+                # arm, whose sums are discarded) adds nothing to the clamped last entry.
+                b = i if max_steps is None else step_bin(i, max_steps, num_bins)
+                counted = (b < num_bins) & (i + 1 >= min_steps)
+                value = jnp.where(counted, accept * jnp.sum(jump * jump), 0.0).astype(sums.dtype)
                 sums = jax.lax.dynamic_update_index_in_dim(
-                    sums, jax.lax.dynamic_index_in_dim(sums, i, keepdims=False) + value, i, 0)
+                    sums, jax.lax.dynamic_index_in_dim(sums, b, keepdims=False) + value, b, 0)
                 counts = jax.lax.dynamic_update_index_in_dim(
-                    counts, jax.lax.dynamic_index_in_dim(counts, i, keepdims=False) + inside.astype(counts.dtype), i, 0)
+                    counts, jax.lax.dynamic_index_in_dim(counts, b, keepdims=False) + counted.astype(counts.dtype), b, 0)
                 return current, sums, counts, failed
 
             end, sums, counts, _ = jax.lax.fori_loop(0, num_integration_steps, one_step,
@@ -286,14 +312,20 @@ class TrajectoryRoundStats(NamedTuple):
     step_counts: Any
 
 
-def trajectory_jump_estimate(step_sums, step_counts, min_num_steps):
+def trajectory_jump_estimate(step_sums, step_counts, min_num_steps, max_steps=None):
     """:func:`ahmc.core.step_jumps_estimate` on arrays: the mean over lengths ``>= min_num_steps``
-    that the round reached of the per-length mean of ``a_l J_l`` (NaN when none was reached)."""
-    lengths = jnp.arange(1, step_sums.shape[-1] + 1)
-    reached = (step_counts > 0) & (lengths >= min_num_steps)
+    that the round reached of the per-length mean of ``a_l J_l`` (NaN when none was reached).
+    With ``max_steps`` (the round's ``L``) longer than the vectors, their entries are
+    :func:`step_bin`'s bins, each mean weighted by the number of lengths in its bin."""
+    if max_steps is None:
+        lengths = jnp.arange(1, step_sums.shape[-1] + 1)
+        widths = (lengths >= min_num_steps).astype(step_sums.dtype)
+    else:
+        widths = step_bin_widths(step_sums.shape[-1], max_steps, min_num_steps).astype(step_sums.dtype)
+    reached = (step_counts > 0) & (widths > 0)
     means = jnp.where(reached, step_sums / jnp.maximum(step_counts, 1), 0.0)
-    num = jnp.sum(reached)
-    return jnp.where(num > 0, jnp.sum(means) / jnp.maximum(num, 1), jnp.nan)
+    weight = jnp.sum(jnp.where(reached, widths, 0.0))
+    return jnp.where(weight > 0, jnp.sum(widths * means) / jnp.maximum(weight, 1), jnp.nan)
 
 
 class EngineInfo(NamedTuple):
@@ -583,8 +615,8 @@ def build_engine(
         target without the noise of the accept/reject coin and of the draw of ``L_t``).
         The transitions are the same; the kernel is BlackJAX's ``build_kernel`` with a
         proposal that also adds each step's value to the round's per-length sums
-        (:func:`trajectory_proposal`; vectors of the box's largest ``L``, ``num_steps_cap``
-        with the automatic box).  It costs, per leapfrog step, the kinetic energy, the
+        (:func:`trajectory_proposal`; one entry per length up to 64, beyond that 64 bins of
+        adjacent lengths whose means are weighted by their widths).  It costs, per leapfrog step, the kinetic energy, the
         whitened jump (``O(d)``, ``O(d^2)`` with a dense matrix) and two writes.
         ``"transition"``: the jumps the chains made (the paper; the default with a user
         ``kernel``, e.g. RMHMC, which takes only this).
@@ -694,7 +726,7 @@ def build_engine(
             f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
             f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
     by_trajectory = jump_estimate == "trajectory"
-    num_step_values = int(box0[1][1]) if by_trajectory else 0  # the box's largest L
+    num_step_values = min(int(box0[1][1]), MAX_STEP_BINS) if by_trajectory else 0  # lengths or bins
     gp_warmup = max(num_warmup - metric_phase, 0)
     num_warmup_rounds = gp_warmup // round_length
     k_value = int(k) if k is not None else max(num_warmup_rounds, 1)
@@ -890,7 +922,7 @@ def build_engine(
         """The objective of each chain's round (its sums and its L)."""
         if by_trajectory:  # the round's mean squared jump from every leapfrog step (made jumps if none)
             lowest = min_num_steps(arm_l, min_steps_fraction, jnp)
-            estimate = jax.vmap(trajectory_jump_estimate)(stats.step_sums, stats.step_counts, lowest)
+            estimate = jax.vmap(trajectory_jump_estimate)(stats.step_sums, stats.step_counts, lowest, arm_l)
             made = stats.stats
             total = jnp.where(jnp.isfinite(estimate), estimate * made.num_iterations, made.sum_squared_jump)
             stats = made._replace(sum_squared_jump=total.astype(made.sum_squared_jump.dtype))
@@ -998,6 +1030,7 @@ def build_engine(
             return jnp.clip(jnp.floor(shared_u * span).astype(jnp.int32) + lowest, lowest, max_c)
 
         common_num = None
+        common_max = max_steps[0] if pooled else None
         if shared_num_steps:
             shared_u = jax.random.uniform(jax.random.fold_in(key_hmc, 3), (), dtype)
             if pooled:  # every chain runs the same L: the count is computed once, outside the chains' vmap,
@@ -1013,8 +1046,15 @@ def build_engine(
                 num = shared_count(max_c)
             else:
                 num = jax.random.randint(key_l, (), min_num_steps(max_c, min_steps_fraction, jnp), max_c + 1)
-            kernel_c = (hmc.build_kernel(integrator, divergence_threshold, trajectory_proposal(whiten, sums_c, counts_c))
-                        if by_trajectory else hmc_kernel)
+            if by_trajectory:
+                # A pooled tuner's L is the same for every chain: taken from outside the vmap, the bin
+                # index stays a loop counter (a batched index turns each in-place add into a scatter).
+                arm_c = max_c if common_max is None else common_max
+                lowest = min_num_steps(arm_c, min_steps_fraction, jnp)
+                kernel_c = hmc.build_kernel(integrator, divergence_threshold,
+                                            trajectory_proposal(whiten, sums_c, counts_c, arm_c, lowest))
+            else:
+                kernel_c = hmc_kernel
             new, info = kernel_c(key_k, hmc.HMCState(position, logdensity, grad), logdensity_of(*data),
                                  eps_c, metric, num)
             return new, info, num

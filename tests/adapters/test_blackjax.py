@@ -656,6 +656,78 @@ def test_trajectory_jump_estimate_is_the_cores():
             assert ours == pytest.approx(core, rel=1e-6)
 
 
+@pytest.mark.parametrize("num_bins, max_steps, min_steps", [(7, 5, 1), (7, 5, 3), (7, 7, 1), (64, 1024, 1),
+                                                            (64, 100, 1), (64, 100, 37), (8, 13, 4), (16, 17, 17)])
+def test_step_bins_cover_every_length_once(num_bins, max_steps, min_steps):
+    """Each length ``min_steps..L`` lies in exactly one bin, the bin :func:`step_bin` puts its step in;
+    while ``L`` fits the vector the bins are the lengths themselves."""
+    from ahmc.adapters._jax_engine import step_bin, step_bin_widths
+
+    steps = np.arange(min_steps - 1, max_steps)
+    bins = np.asarray([int(step_bin(jnp.asarray(i), jnp.asarray(max_steps), num_bins)) for i in steps])
+    assert bins.min() >= 0 and bins.max() < num_bins
+    widths = np.asarray(step_bin_widths(num_bins, jnp.asarray(max_steps), jnp.asarray(min_steps)))
+    np.testing.assert_array_equal(widths, np.bincount(bins, minlength=num_bins))
+    if max_steps <= num_bins:
+        np.testing.assert_array_equal(bins, steps)
+    else:  # adjacent lengths in each bin, the bins as even as integers allow (the ends may be cut by min_steps)
+        assert np.all(np.diff(bins) >= 0)
+        inner = widths[widths > 0][1:-1]
+        assert inner.size == 0 or np.ptp(inner) <= 1
+
+
+def test_binned_jump_estimate_is_the_per_length_one_when_lengths_are_reached_alike():
+    """Binned sums of a round in which every length was reached equally often give the per-length
+    estimate exactly (each bin's mean is then its lengths' mean, weighted by its width); with the
+    long lengths reached less often the two differ by little."""
+    from ahmc.adapters._jax_engine import step_bin, trajectory_jump_estimate
+
+    rng = np.random.default_rng(8)
+    max_steps, num_bins = 150, 64
+    for lowest in (1, 40):
+        values = rng.exponential(size=max_steps) * np.linspace(1.0, 3.0, max_steps)
+        for counts in (np.full(max_steps, 5), np.arange(max_steps, 0, -1)):
+            sums = values * counts
+            exact = float(trajectory_jump_estimate(jnp.asarray(sums), jnp.asarray(counts), lowest))
+            bins = np.asarray(step_bin(jnp.arange(max_steps), max_steps, num_bins))
+            keep = np.arange(1, max_steps + 1) >= lowest  # the proposal adds no step below the lowest
+            binned_sums = np.bincount(bins[keep], weights=sums[keep], minlength=num_bins)
+            binned_counts = np.bincount(bins[keep], weights=counts[keep], minlength=num_bins).astype(np.int32)
+            binned = float(trajectory_jump_estimate(jnp.asarray(binned_sums), jnp.asarray(binned_counts), lowest,
+                                                    jnp.asarray(max_steps)))
+            if counts[0] == counts[-1]:
+                assert binned == pytest.approx(exact, rel=1e-6)  # float32
+            else:
+                assert binned == pytest.approx(exact, rel=0.02)
+        short = float(trajectory_jump_estimate(jnp.asarray(values[:num_bins]), jnp.ones(num_bins, jnp.int32), lowest,
+                                               jnp.asarray(num_bins)))
+        assert short == pytest.approx(np.mean(values[lowest - 1:num_bins]), rel=1e-6)
+
+
+def test_trajectory_proposal_bins_the_steps_of_a_long_arm():
+    """With an arm longer than the vectors each step's value goes to its bin, and the steps below
+    the lowest length of the arm's jitter to none."""
+    import blackjax.mcmc.hmc as hmc
+
+    from ahmc.adapters._jax_engine import step_bin, trajectory_proposal
+
+    start = hmc.init(jnp.asarray([0.5, -1.0, 0.2]), standard_normal)
+    key, step_size, num_steps, max_steps, num_bins = jax.random.key(2), 0.3, 9, 12, 4
+    per_length = hmc.build_kernel(build_proposal=trajectory_proposal(
+        lambda dx: dx, jnp.zeros(max_steps), jnp.zeros(max_steps, jnp.int32)))
+    _, exact = per_length(key, start, standard_normal, step_size, jnp.ones(3), num_steps)
+    binned_kernel = hmc.build_kernel(build_proposal=trajectory_proposal(
+        lambda dx: dx, jnp.zeros(num_bins), jnp.zeros(num_bins, jnp.int32), jnp.asarray(max_steps), 3))
+    _, binned = binned_kernel(key, start, standard_normal, step_size, jnp.ones(3), num_steps)
+    values, taken = np.asarray(exact.step_sums), np.array(exact.step_counts)
+    taken[:2] = 0  # lengths 1 and 2 lie below the lowest, 3
+    bins = np.asarray(step_bin(jnp.arange(max_steps), max_steps, num_bins))
+    np.testing.assert_allclose(np.asarray(binned.step_sums), np.bincount(bins, weights=values * taken, minlength=num_bins),
+                               rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(binned.step_counts), np.bincount(bins, weights=taken, minlength=num_bins))
+    assert np.asarray(binned.step_counts).tolist() == [1, 3, 3, 0]
+
+
 def test_jump_estimates_make_the_same_first_round_with_different_rewards():
     """The arm has not moved in the first round, so both estimates draw the same chains; the rewards
     differ (the trajectory estimate is not the made jumps)."""
