@@ -21,7 +21,8 @@ the LGCP on a 16 x 16 grid, all at 1000 + 1000; ``--full`` adds the nine
 posteriordb posteriors (scored against their reference means), stochastic
 volatility (d = 1003) and the LGCP on the paper's 64 x 64 grid (4096 cells, d = 16384 by circulant embedding).  A model can set ``Model.quick_draws`` to
 run shorter in quick mode, and ``Model.full_draws`` to run longer in full mode (stochastic
-volatility: 2000 + 8000 for every sampler, where 1000 + 1000 converges for none); the report says so.  PyMC samplers run only
+volatility: 2000 + 8000 for every sampler, where 1000 + 1000 converges for none; the 64 x 64 LGCP:
+1000 + 4000, where no sampler's R-hat over 16384 coordinates stayed below 1.01); the report says so.  PyMC samplers run only
 on models with a PyMC version (``models.PYMC_MODEL_NAMES``); elsewhere they are
 recorded as skipped.  The JSON is rewritten after every run, so an interrupted
 run keeps what finished; at the end ``benchmarks/report.py`` writes the

@@ -905,6 +905,7 @@ def test_models_set_their_own_draws_per_mode_unless_the_command_gives_them():
 
     sv = models.get_model("stochastic_volatility")
     assert sv.full_draws == (2000, 8000) and sv.quick_draws is None
+    assert models.get_model("lgcp_64").full_draws == (1000, 4000) and models.get_model("lgcp_16").full_draws is None
     full = run.parse_args(["--full"])
     assert run._draws_for(sv, full)[:2] == (2000, 8000) and "full mode" in run._draws_for(sv, full)[2]
     given = run.parse_args(["--full", "--num-samples", "500"])
