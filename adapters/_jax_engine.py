@@ -283,8 +283,8 @@ def trajectory_proposal(whiten: Callable, step_sums, step_counts, max_steps=None
                 value = jnp.where(counted, accept * jnp.sum(jump * jump), 0.0).astype(sums.dtype)
                 sums = jax.lax.dynamic_update_index_in_dim(
                     sums, jax.lax.dynamic_index_in_dim(sums, b, keepdims=False) + value, b, 0)
-                counts = jax.lax.dynamic_update_index_in_dim(
-                    counts, jax.lax.dynamic_index_in_dim(counts, b, keepdims=False) + counted.astype(counts.dtype), b, 0)
+                count = jax.lax.dynamic_index_in_dim(counts, b, keepdims=False) + counted.astype(counts.dtype)
+                counts = jax.lax.dynamic_update_index_in_dim(counts, count, b, 0)
                 return current, sums, counts, failed
 
             end, sums, counts, _ = jax.lax.fori_loop(0, num_integration_steps, one_step,
@@ -616,8 +616,9 @@ def build_engine(
         The transitions are the same; the kernel is BlackJAX's ``build_kernel`` with a
         proposal that also adds each step's value to the round's per-length sums
         (:func:`trajectory_proposal`; one entry per length up to 64, beyond that 64 bins of
-        adjacent lengths whose means are weighted by their widths).  It costs, per leapfrog step, the kinetic energy, the
-        whitened jump (``O(d)``, ``O(d^2)`` with a dense matrix) and two writes.
+        adjacent lengths whose means are weighted by their widths).  It costs, per leapfrog
+        step, the kinetic energy, the whitened jump (``O(d)``, ``O(d^2)`` with a dense
+        matrix) and two writes.
         ``"transition"``: the jumps the chains made (the paper; the default with a user
         ``kernel``, e.g. RMHMC, which takes only this).
     initial_arm

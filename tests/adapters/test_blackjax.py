@@ -722,9 +722,10 @@ def test_trajectory_proposal_bins_the_steps_of_a_long_arm():
     values, taken = np.asarray(exact.step_sums), np.array(exact.step_counts)
     taken[:2] = 0  # lengths 1 and 2 lie below the lowest, 3
     bins = np.asarray(step_bin(jnp.arange(max_steps), max_steps, num_bins))
-    np.testing.assert_allclose(np.asarray(binned.step_sums), np.bincount(bins, weights=values * taken, minlength=num_bins),
-                               rtol=1e-5)
-    np.testing.assert_array_equal(np.asarray(binned.step_counts), np.bincount(bins, weights=taken, minlength=num_bins))
+    expected_sums = np.bincount(bins, weights=values * taken, minlength=num_bins)
+    np.testing.assert_allclose(np.asarray(binned.step_sums), expected_sums, rtol=1e-5)
+    expected_counts = np.bincount(bins, weights=taken, minlength=num_bins)
+    np.testing.assert_array_equal(np.asarray(binned.step_counts), expected_counts)
     assert np.asarray(binned.step_counts).tolist() == [1, 3, 3, 0]
 
 
