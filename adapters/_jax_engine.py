@@ -973,8 +973,13 @@ def build_engine(
             p = tinfo.adapt_probability
         else:
             uniforms = jax.random.uniform(key_tuner, (num_chains,), dtype)
-            tuner_state, tinfo = jax.vmap(tuner.update)(tuner_state, rewards, uniforms)
-            changed, reward, p = tinfo.arm_changed, rewards, tinfo.adapt_probability[0]
+            # update's two halves: the solves only in rounds where some chain needs them (a chain's
+            # own branch under vmap would run them in every round, for every chain)
+            recorded, work = jax.vmap(tuner.record)(tuner_state, rewards, uniforms)
+            tuner_state = jax.lax.cond(jnp.any(work.needs_solve),
+                                       lambda operand: jax.vmap(tuner.complete)(*operand)[0],
+                                       lambda operand: operand[0], (recorded, work))
+            changed, reward, p = tuner_state.arm != recorded.arm, rewards, work.adapt_probability[0]
         if exploit_after_warmup:
             previous_arm = operand[0].arm
             last_round = tuner_state.round if pooled else tuner_state.round[0]

@@ -46,7 +46,7 @@ def _time(compiled, args, repeats):
 
 
 def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=21, seed=0, dense_mass=False,
-            jump_estimate=None) -> dict:
+            jump_estimate=None, pooled=True) -> dict:
     """Per-iteration times of the three ways (see the module docstring) on one model."""
     import jax
     import jax.numpy as jnp
@@ -58,7 +58,7 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
 
     positions = jnp.asarray(bench_models.initial_positions(model, num_chains, seed))
     engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, dense_mass=dense_mass,
-                                      jump_estimate=jump_estimate)
+                                      jump_estimate=jump_estimate, pooled=pooled)
     init_key, warm_key, draw_key, bare_key = jax.random.split(jax.random.key(seed), 4)
     scan = jax.jit(_jax_engine._scan_impl, static_argnums=(0, 3, 4))
     state = engine.init(positions, init_key)
@@ -72,6 +72,9 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
     t_draws, (_, (_, info_draws)) = _time(draws, (draw_key, state), repeats)
 
     parameters = engine.parameters(state)
+    if not pooled:  # a tuner per chain: the bare kernel runs chain 0's arm
+        parameters = {**parameters, "step_size": jnp.ravel(parameters["step_size"])[0],
+                      "num_integration_steps": jnp.ravel(parameters["num_integration_steps"])[0]}
     kernel = uniform_steps_hmc(model.logdensity_fn, parameters["step_size"], parameters["inverse_mass_matrix"],
                                int(parameters["num_integration_steps"]))
     bare_state = jax.vmap(kernel.init)(state.position, jax.random.split(bare_key, num_chains))
@@ -92,6 +95,7 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
 
     return {
         "model": model.name, "dim": int(model.dim), "dense_mass": bool(dense_mass), "num_chains": num_chains,
+        "pooled": bool(pooled),
         "jump_estimate": engine.config.jump_estimate,
         "num_iterations": num_iterations,
         "repeats": repeats, "final_step_size": float(parameters["step_size"]),
@@ -145,6 +149,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--dense", action="store_true", help="dense_mass=True (the bare kernel gets the dense matrix)")
     parser.add_argument("--jump-estimate", default=None, choices=("trajectory", "transition"),
                         help="the engine's jump_estimate (default: the engine's default)")
+    parser.add_argument("--unpooled", action="store_true", help="pooled=False: a tuner per chain")
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
 
@@ -159,7 +164,7 @@ def main(argv=None) -> dict:
         print(f"{name} ...", flush=True)
         rows.append(measure(bench_models.get_model(name), num_warmup=args.num_warmup,
                             num_iterations=args.num_iterations, repeats=args.repeats,
-                            dense_mass=args.dense, jump_estimate=args.jump_estimate))
+                            dense_mass=args.dense, jump_estimate=args.jump_estimate, pooled=not args.unpooled))
     args.seed = 0
     results = save_study(args, argv, "engine_overhead", rows, markdown, args.output)
     print(markdown(results))
