@@ -728,7 +728,11 @@ def test_engine_overhead_script_times_the_three_ways_and_writes_its_table(tmp_pa
         assert 0 < row[way]["us_per_iteration_min"] <= row[way]["us_per_iteration_median"]
         assert row[way]["steps_per_chain_iteration"] >= 1
     assert json.loads(output.read_text())["models"][0]["model"] == "corr_gauss_2"
-    assert "| corr_gauss_2 | 2 | diagonal | 4 |" in output.with_suffix(".md").read_text()
+    assert "| corr_gauss_2 | 2 | diagonal | trajectory | 4 |" in output.with_suffix(".md").read_text()
+    unpooled = engine_overhead.main(["--models", "corr_gauss_2", "--repeats", "2", "--num-iterations", "30",
+                                     "--num-warmup", "60", "--unpooled", "--output", str(output)])
+    (row,) = unpooled["models"]
+    assert row["same_draws"] and not row["pooled"] and row["bare"]["steps_per_chain_iteration"] >= 1
 
 
 @pytest.mark.slow  # ~12 s; default run under 15 min (2026-11-28)
