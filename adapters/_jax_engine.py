@@ -256,13 +256,14 @@ def trajectory_proposal(whiten: Callable, step_sums, step_counts, max_steps=None
     ``static_binomial_sampling``), integrated by a loop that at each step ``l >= min_steps`` also
     adds ``a_l J_l`` to the sums and 1 to the counts (returned in :class:`TrajectoryInfo`): what
     :func:`ahmc.core.step_jumps_estimate` averages.  Entry ``l - 1`` takes step ``l`` when
-    ``max_steps`` (the arm's ``L``) is ``None`` or fits the vectors, otherwise its
+    ``max_steps`` (the arm's ``L``; ``None``: the vectors' length) fits the vectors, otherwise its
     :func:`step_bin`.  Adding in the loop touches only the steps taken.  ``whiten`` maps a
     flattened position difference to the frame the reward measures jumps in."""
 
     def build(integrator, kinetic_energy, step_size, num_integration_steps, divergence_threshold):
         energy_of = hmc_energy(kinetic_energy)
         num_bins = step_sums.shape[0]
+        arm = num_bins if max_steps is None else max_steps
 
         def generate(rng_key, state):
             start_energy = energy_of(state)
@@ -276,9 +277,9 @@ def trajectory_proposal(whiten: Callable, step_sums, step_counts, max_steps=None
                 accept = jnp.where(failed, 0.0, jnp.exp(jnp.minimum(delta, 0.0)))
                 jump = whiten(ravel_pytree(current.position)[0] - start)
                 # In place (a dynamic update slice, O(1)): `.at[b].add(mode="drop")` selects the whole
-                # vector at every step.  A step beyond the vector (warm-up's metric phase without an
-                # arm, whose sums are discarded) adds nothing to the clamped last entry.
-                b = i if max_steps is None else step_bin(i, max_steps, num_bins)
+                # vector at every step.  A step beyond the arm's L (only when the caller's L is shorter
+                # than the trajectory) adds nothing to the clamped last entry.
+                b = step_bin(i, arm, num_bins)
                 counted = (b < num_bins) & (i + 1 >= min_steps)
                 value = jnp.where(counted, accept * jnp.sum(jump * jump), 0.0).astype(sums.dtype)
                 sums = jax.lax.dynamic_update_index_in_dim(
@@ -316,12 +317,11 @@ def trajectory_jump_estimate(step_sums, step_counts, min_num_steps, max_steps=No
     """:func:`ahmc.core.step_jumps_estimate` on arrays: the mean over lengths ``>= min_num_steps``
     that the round reached of the per-length mean of ``a_l J_l`` (NaN when none was reached).
     With ``max_steps`` (the round's ``L``) longer than the vectors, their entries are
-    :func:`step_bin`'s bins, each mean weighted by the number of lengths in its bin."""
-    if max_steps is None:
-        lengths = jnp.arange(1, step_sums.shape[-1] + 1)
-        widths = (lengths >= min_num_steps).astype(step_sums.dtype)
-    else:
-        widths = step_bin_widths(step_sums.shape[-1], max_steps, min_num_steps).astype(step_sums.dtype)
+    :func:`step_bin`'s bins, each mean weighted by the number of lengths in its bin (``None``: the
+    vectors' length, one entry per length)."""
+    num_bins = step_sums.shape[-1]
+    arm = num_bins if max_steps is None else max_steps
+    widths = step_bin_widths(num_bins, arm, min_num_steps).astype(step_sums.dtype)
     reached = (step_counts > 0) & (widths > 0)
     means = jnp.where(reached, step_sums / jnp.maximum(step_counts, 1), 0.0)
     weight = jnp.sum(jnp.where(reached, widths, 0.0))
@@ -1042,7 +1042,7 @@ def build_engine(
             if pooled:  # every chain runs the same L: the count is computed once, outside the chains' vmap,
                 # so the leapfrog loop's trip count is not batched (a batched one makes vmap select the
                 # whole loop state at every step)
-                common_num = shared_count(max_steps[0])
+                common_num = shared_count(common_max)
 
         def transition(key, position, logdensity, grad, eps_c, max_c, sums_c, counts_c, *data):
             key_l, key_k = jax.random.split(key)
