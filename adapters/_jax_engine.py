@@ -1322,19 +1322,15 @@ def build_engine(
             return state, (state.position, info)
 
         def whole_round(state, keys):
-            """A round's iterations, then its end: the reward recorded (``tuner.record``).  The last
-            iteration runs outside the scan so the round's end is computed once, not at every step."""
-            state, (positions, info) = jax.lax.scan(iteration, state, keys[:-1])
-            state, (last_position, last_info) = iteration(state, keys[-1])
+            """A round's iterations, then its end: the reward recorded (``tuner.record``)."""
+            state, (positions, info) = jax.lax.scan(iteration, state, keys)
             state, (work, rewards) = record_round(state, keys[-1])
             p = work.adapt_probability.astype(dtype)
             per_chain = partial(jnp.broadcast_to, shape=(num_chains,))
-            last_info = last_info._replace(reward=per_chain(jnp.mean(rewards)),
-                                           arm_changed=jnp.zeros((num_chains,), bool),
-                                           adapt_probability=per_chain(p))
-            round_out = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]),
-                                     (positions, info), (last_position, last_info))
-            return state._replace(adapt_probability=p), round_out, (work, rewards)
+            info = info._replace(reward=info.reward.at[-1].set(per_chain(jnp.mean(rewards))),
+                                 arm_changed=info.arm_changed.at[-1].set(False),
+                                 adapt_probability=info.adapt_probability.at[-1].set(per_chain(p)))
+            return state._replace(adapt_probability=p), (positions, info), (work, rewards)
 
         _, round_shapes, pending_shapes = jax.eval_shape(whole_round, state, blocks[0])
         outputs = jax.tree.map(lambda x: jnp.zeros((num_rounds,) + x.shape, x.dtype), round_shapes)
