@@ -148,6 +148,28 @@ def test_sequential_continuation_carries_the_tuner_over():
     assert_continuation_carries_the_tuner_over(mcmc, num_chains=2, num_samples=100)
 
 
+def test_numpyro_model_through_the_blackjax_loop_recipe(x64):
+    """The README's recipe for cheap NumPyro models: the model's potential and initial values from
+    ``initialize_model``, sampled by ``run_chains`` (ahmc owns the loop), constrained back by its
+    ``postprocess_fn``.  A normal site and a log-normal one (a positive site, sampled on the log scale)."""
+    from numpyro.infer.util import initialize_model
+
+    from ahmc.adapters.blackjax import run_chains
+
+    def model():
+        numpyro.sample("x", dist.Normal(1.0, 2.0))
+        numpyro.sample("s", dist.LogNormal(0.0, 0.5))
+
+    init = initialize_model(jax.random.split(jax.random.key(1), 4), model)
+    samples, _ = run_chains(jax.random.key(0), lambda z: -init.potential_fn(z), init.param_info.z,
+                            num_warmup=500, num_samples=1000)
+    posterior = jax.vmap(jax.vmap(init.postprocess_fn))(samples)
+    draws = np.stack([np.asarray(posterior["x"]), np.asarray(posterior["s"])], axis=-1)
+    lognormal_mean = np.exp(0.125)
+    lognormal_sd = np.sqrt((np.exp(0.25) - 1.0) * np.exp(0.25))
+    assert_moments_match(draws, np.array([1.0, lognormal_mean]), np.array([2.0, lognormal_sd]))
+
+
 def test_esjd_moments_objective_reaches_the_engine():
     """The engine's variance-aware reward through the kernel (its statistics: test_blackjax.py)."""
     mcmc = run(AdaptiveHMC(normal_model, objective="esjd_moments"), DATA, num_chains=2, warmup=200, samples=200)
