@@ -456,12 +456,24 @@ def _more_positions(model, positions, num_chains: int) -> np.ndarray:
     return np.concatenate([np.asarray(positions), more.astype(positions.dtype)])
 
 
+# ChEES's draws, all chains in float64, are kept below this many bytes: 16 chains of the 64 x 64 LGCP at
+# 4000 draws (8.4 GB, then copied for the metrics) ran this 24 GB machine out of memory (2026-11-29).
+CHEES_DRAWS_BYTES = 3e9
+
+
+def chees_num_chains(num_samples: int, dim: int, default: int = 16, minimum: int = 4) -> int:
+    """ChEES's chain count: ``default`` unless their float64 draws would pass ``CHEES_DRAWS_BYTES``;
+    then as many as fit, but at least ``minimum``."""
+    per_chain = 8.0 * num_samples * dim
+    return int(max(minimum, min(default, CHEES_DRAWS_BYTES // per_chain)))
+
+
 def run_chees(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
     """BlackJAX ChEES-HMC: ``blackjax.chees_adaptation`` over many chains, then ``blackjax.dynamic_hmc``.
 
     ChEES tunes one step size and trajectory length from the ensemble, so it
-    runs ``options["num_chains"]`` chains (default 16): the benchmark's
-    starting points plus more drawn the same way.  Every chain's gradients
+    runs ``options["num_chains"]`` chains (default 16, fewer where their draws would not fit in
+    memory: :func:`chees_num_chains`): the benchmark's starting points plus more drawn the same way.  Every chain's gradients
     count, in warm-up and sampling, and the ESS is that of all the chains
     together, so ESS per gradient stays comparable with the 4-chain samplers;
     per-chain numbers (box plots) cover all of them.  Trajectories are jittered
@@ -480,7 +492,7 @@ def run_chees(rng_key, model, positions, num_warmup, num_samples, **options) -> 
     from blackjax.adaptation.base import get_filter_adapt_info_fn
 
     options = dict(options)
-    num_chains = int(options.pop("num_chains", 16))
+    num_chains = int(options.pop("num_chains", chees_num_chains(num_samples, model.dim)))
     learning_rate = float(options.pop("learning_rate", 0.025))
     initial_step_size = float(options.pop("initial_step_size", 0.1))
     options.setdefault("mass_matrix_estimation", "diagonal")

@@ -430,6 +430,15 @@ def test_chees_runner_counts_every_chain():
     assert out.timing["compile_s"] > 0 and not out.timing["sampling_time_estimated"]
 
 
+def test_chees_runs_fewer_chains_only_where_their_draws_would_not_fit():
+    from benchmarks.samplers import CHEES_DRAWS_BYTES, chees_num_chains
+
+    assert chees_num_chains(1000, 256) == 16  # the 16 x 16 LGCP
+    lgcp64 = chees_num_chains(4000, 16384)  # the 64 x 64 LGCP at 4000 draws: 16 chains would be 8.4 GB
+    assert 4 <= lgcp64 < 16 and lgcp64 * 8.0 * 4000 * 16384 <= CHEES_DRAWS_BYTES
+    assert chees_num_chains(10**6, 10**6) == 4  # never fewer than four
+
+
 def test_pymc_samplers_skip_models_without_a_pymc_version():
     model = models.get_model("corr_gauss_2")._replace(name="eight_schools")
     record = run.run_one("pymc_nuts", model, models.initial_positions(model, 2, 0), 10, 10, 0, {})
