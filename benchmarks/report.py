@@ -360,7 +360,7 @@ def write_report(json_path: str | Path) -> Path:
         f"Numbers: `{json_path.name}`; the full per-run table (ESS/s, compile times, divergences) is "
         f"`{json_path.with_suffix('.md').name}`. ESS per gradient = bulk ESS (ArviZ) per leapfrog step of the "
         "sampling phase, the paper's ESS/L. Per chain: each chain's ESS over its own gradients. "
-        "ChEES runs 16 chains (its adaptation needs an ensemble); its ESS pools them and its gradients count them all.",
+        f"ChEES runs {_chees_chains(results)}; its ESS pools them and its gradients count them all.",
         "",
         "## Targets (issue 8), met or missed",
         "",
@@ -406,6 +406,16 @@ def write_report(json_path: str | Path) -> Path:
     path = folder / f"{stem}_report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _chees_chains(results) -> str:
+    """How many chains ChEES ran: "16 chains", or the exceptions by model (fewer where memory is short)."""
+    counts = {r["model"]: r.get("extra", {}).get("num_chains") for r in results["runs"]
+              if r["sampler"] == "chees" and r["status"] == "ok"}
+    usual = max((n for n in counts.values() if n), default=16)
+    fewer = [f"{n} on {model}" for model, n in counts.items() if n and n < usual]
+    return (f"{usual} chains (its adaptation needs an ensemble"
+            + (f"; {', '.join(fewer)}, where {usual} chains' draws would not fit in memory" if fewer else "") + ")")
 
 
 if __name__ == "__main__":

@@ -306,7 +306,7 @@ def _previous_runs(args, results) -> dict:
     invocations.append({key: env.get(key) for key in ("command", "date_utc", "git_commit", "git_dirty")})
     results["environment"]["earlier_invocations"] = invocations
     results["earlier_elapsed_s"] = earlier.get("total_elapsed_s", 0.0) + earlier.get("earlier_elapsed_s", 0.0)
-    if "tuning" in earlier:
+    if "tuning" in earlier and (path.parent / earlier["tuning"]["file"]).exists():  # else this run saves one
         results["tuning"] = earlier["tuning"]
     kept = {(run["model"], run["sampler"]): run for run in earlier["runs"] if run["status"] in ("ok", "skipped")}
     kept["models"] = earlier["models"]

@@ -412,6 +412,28 @@ def test_tiny_run_resumes_with_a_new_model(tmp_path):
     assert "Resumed (`--resume`) from" in output.with_suffix(".md").read_text()
 
 
+def test_resume_keeps_the_tuning_figure_only_if_its_file_exists(tmp_path):
+    """A resumed run inherits the earlier run's tuning history only when that file is there; else the
+    first AHMC run of this invocation saves its own (the report's reward-surface figure needs one)."""
+    import argparse
+
+    settings = {"num_chains": 4, "num_warmup": 10, "num_samples": 10, "dtype": "float64", "sampler_options": {}}
+    earlier = {"mode": "quick", "settings": settings, "environment": {"seed": 0, "command": "c"}, "models": {},
+               "runs": [], "tuning": {"model": "pima", "sampler": "ahmc_blackjax", "file": "old_tuning.npz"}}
+    output = tmp_path / "old.json"
+    output.write_text(json.dumps(earlier))
+    args = argparse.Namespace(output=output, seed=0)
+
+    def resumed():
+        results = {"mode": "quick", "settings": settings, "environment": {}}
+        run._previous_runs(args, results)
+        return results
+
+    assert "tuning" not in resumed()
+    (tmp_path / "old_tuning.npz").write_bytes(b"")
+    assert resumed()["tuning"]["file"] == "old_tuning.npz"
+
+
 def test_chees_runner_counts_every_chain():
     """ChEES through the runner contract: 4 ensemble chains from 2 given starting points."""
     pytest.importorskip("blackjax")
