@@ -1327,8 +1327,8 @@ def build_engine(
             state, (work, rewards) = record_round(state, keys[-1])
             p = work.adapt_probability.astype(dtype)
             per_chain = partial(jnp.broadcast_to, shape=(num_chains,))
+            # the iterations ran with round_end="never" (arm_changed already False): the round's end fills the rest
             info = info._replace(reward=info.reward.at[-1].set(per_chain(jnp.mean(rewards))),
-                                 arm_changed=info.arm_changed.at[-1].set(False),
                                  adapt_probability=info.adapt_probability.at[-1].set(per_chain(p)))
             return state._replace(adapt_probability=p), (positions, info), (work, rewards)
 
