@@ -222,6 +222,13 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
         return scipy.linalg.solve_triangular(self._chol, x, lower=True)
 
 
+# Energy span (nats) past which a trajectory counts as blown up and stops.  Far above any span a sound
+# trajectory shows, even from a start 1e6 nats below the mode, and far below float64's overflow at
+# 1e308: where an unstable leapfrog multiplies the energy by a steady factor per step, the trajectory
+# stops well before its momentum overflows (a jump to overflow within one step ends it too, as NaN).
+_BLOWN_UP_SPAN = 1e50
+
+
 class _LeapfrogReusingStart(integration.CpuLeapfrogIntegrator):
     """PyMC's leapfrog integrator, but the log density and gradient at a trajectory's start are
     those the previous iteration left at the chain's position (its accepted end, or its start).
@@ -570,20 +577,53 @@ class AdaptiveHMC(BaseHMC):
             step_size, max_steps = self._arm
         lowest = self._fewest_steps(max_steps)
         n_steps = lowest + int(self.rng.random() * (max_steps - lowest + 1))  # uniform on {lowest..max_steps}
+        trajectory = [] if self._collect_steps else None
+        # A trajectory whose energy turns NaN, or spans more than _BLOWN_UP_SPAN nats (start included),
+        # has blown up: stop there instead of integrating on (wasted gradients).  It ends as a
+        # divergence, as it would have at its end; and since the span reads the same on the reversed
+        # trajectory, the rule leaves HMC exact.  Where the energy jumps to overflow in one step (a
+        # log-scale parameter sent far out), NumPy's overflow warnings are silenced: the divergence is
+        # what reports it (about 1 us per iteration).
+        with np.errstate(over="ignore", invalid="ignore"):
+            end, accepted, accept, div_info, energy_change, taken = self._integrate(start, step_size, n_steps,
+                                                                                    trajectory)
+            if isinstance(self.integrator, _LeapfrogReusingStart):
+                self.integrator.previous_end = end  # the next iteration starts here
+            self._step_values = None if trajectory is None else self._trajectory_values(start, trajectory, n_steps)
+        self._used = {"step_size": float(step_size), "max_steps": int(max_steps)}
+        stats = {"n_steps": taken, "accept": accept, "accepted": float(accepted), "energy_error": energy_change,
+                 "energy": end.energy, "model_logp": end.model_logp}
+        return HMCStepData(end, accept, div_info, stats)
+
+    def _integrate(self, start, step_size, n_steps, trajectory):
+        """``n_steps`` leapfrog steps from ``start`` and the Metropolis decision: ``(end, accepted,
+        acceptance probability, divergence info or None, energy error, steps taken)``; appends each
+        state to ``trajectory`` unless it is None."""
         state = last = start
         div_info, energy_change, taken = None, np.inf, 0
-        trajectory = [] if self._collect_steps else None
+        energy_low = energy_high = start.energy
         try:
             for _ in range(n_steps):
                 last, taken = state, taken + 1
                 state = self.integrator.step(step_size, state)
                 if trajectory is not None:
                     trajectory.append(state)
+                energy = state.energy
+                if energy < energy_low:
+                    energy_low = energy
+                elif energy > energy_high:
+                    energy_high = energy
+                elif energy == energy:
+                    continue  # within the span so far: the common case
+                else:
+                    break  # NaN
+                if energy_high - energy_low > _BLOWN_UP_SPAN:  # also when one of them is infinite
+                    break
         except IntegrationError as err:
             div_info = DivergenceInfo("Integration failed.", err, last, None)
         else:
             energy_change = state.energy - start.energy
-            if not np.isfinite(energy_change):
+            if not np.isfinite(energy_change) or energy_high - energy_low > _BLOWN_UP_SPAN:
                 div_info = DivergenceInfo("Divergence encountered, bad energy.", None, last, state)
                 energy_change = np.inf
             elif abs(energy_change) > self.Emax:
@@ -591,19 +631,12 @@ class AdaptiveHMC(BaseHMC):
                 div_info = DivergenceInfo(message, None, last, state)
         accept = 1.0 if energy_change <= 0 else float(np.exp(-energy_change))
         accepted = div_info is None and self.rng.random() < accept
-        end = state if accepted else start
-        if isinstance(self.integrator, _LeapfrogReusingStart):
-            self.integrator.previous_end = end  # the next iteration starts here
-        self._step_values = None if trajectory is None else self._trajectory_values(start, trajectory, n_steps)
-        self._used = {"step_size": float(step_size), "max_steps": int(max_steps)}
-        stats = {"n_steps": taken, "accept": accept, "accepted": float(accepted), "energy_error": energy_change,
-                 "energy": end.energy, "model_logp": end.model_logp}
-        return HMCStepData(end, accept, div_info, stats)
+        return (state if accepted else start), accepted, accept, div_info, energy_change, taken
 
     def _trajectory_values(self, start, trajectory, n_steps):
         """Per leapfrog step ``l``: acceptance probability had the trajectory stopped there times the
         whitened squared jump from the start (0 where the energy error is not finite or above ``Emax``,
-        and for the steps after a failed one).  A few NumPy calls per trajectory, Python floats per step."""
+        and for the steps after a blown-up one).  A few NumPy calls per trajectory, Python floats per step."""
         values = [0.0] * n_steps
         if not trajectory:
             return values

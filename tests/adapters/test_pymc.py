@@ -397,6 +397,42 @@ def test_divergence_penalty_scales_the_first_round_reward():
     np.testing.assert_allclose(rewards[10.0][9], rewards[0.0][9] * np.exp(-10.0 * fraction), rtol=1e-10)
 
 
+def test_blown_up_trajectory_stops_before_overflow():
+    """At eps = 1 the 0.1-scale coordinate's leapfrog multiplies the energy ~1e4-fold per step: past
+    1e50 within about 13 steps, float64's overflow within about 80.  The step stops at the former (a
+    divergence either way), so it spends a dozen gradients, not up to L = 100, and never integrates on
+    into overflow (no NumPy RuntimeWarning)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        idata = sample(gaussian_model(), tune=20, draws=0, chains=1, discard_tuned_samples=False,
+                       step_kwargs=dict(step_size_bounds=(1.0, 1.2), num_steps_bounds=(80, 100), round_length=10,
+                                        adapt_mass_matrix=False))
+    warm = idata.warmup_sample_stats
+    assert warm["diverging"].values.all()
+    assert warm["max_steps"].values.min() >= 80 and warm["n_steps"].values.max() <= 20
+    assert np.isfinite(warm["reward"].values[0, [9, 19]]).all()
+
+
+def test_overflow_in_one_step_is_a_divergence_without_numpy_warnings():
+    """At eps >= 3 the first step sends log(sigma) so far that the next momentum overflows at once.
+    Each such iteration is a divergence that stops there, with no NumPy RuntimeWarning on the way."""
+    import warnings
+
+    y = np.random.default_rng(0).normal(size=50)
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 10)
+        pm.Normal("y", 0, sigma, observed=y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        idata = sample(model, tune=20, draws=0, chains=1, discard_tuned_samples=False,
+                       step_kwargs=dict(step_size_bounds=(3.0, 4.0), num_steps_bounds=(5, 10), round_length=10,
+                                        adapt_mass_matrix=False))
+    warm = idata.warmup_sample_stats
+    assert warm["diverging"].values.all() and (warm["n_steps"].values < warm["max_steps"].values).all()
+
+
 def test_user_objective_gets_arrays_and_matches_the_builtin_reward():
     """A built-in objective reads the round's sums in Python numbers, a user callable gets arrays
     (round_init's dtypes); the same reward gives the same rewards, arms and draws."""
