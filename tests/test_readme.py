@@ -123,3 +123,50 @@ def test_compiled_pymc_block_runs():
         pm.Normal("x", 0.0, np.array([1.0, 3.0]), shape=2)
     names = run(block("idata = sample_numpyro_ahmc(draws=1000, tune=1000, chains=4, random_seed=1)"), model=model)
     assert names["idata"].posterior["x"].shape[:2] == (4, 1000)
+
+
+def logistic_data(n=100):
+    rng = np.random.default_rng(3)
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])  # intercept first
+    y = (rng.uniform(size=n) < 1 / (1 + np.exp(-X @ np.array([0.5, 1.0, -1.0])))).astype(float)
+    return X, y
+
+
+@pytest.mark.slow
+def test_rmhmc_numpyro_and_blackjax_block_runs():
+    pytest.importorskip("numpyro")
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC
+
+    X, y = logistic_data()
+
+    def model():
+        beta = numpyro.sample("beta", dist.Normal(0, 10).expand([3]))
+        numpyro.sample("y", dist.Bernoulli(logits=jnp.asarray(X) @ beta), obs=y)
+
+    def logdensity_fn(beta):
+        logits = jnp.asarray(X) @ beta
+        return jnp.sum(y * logits - jnp.logaddexp(0.0, logits)) - jnp.sum(beta**2) / 200.0
+
+    names = run(block("samples, info = run_rmhmc_chains(key, logdensity_fn, positions, 500, 1000, metric=metric)"),
+                MCMC=MCMC, jax=jax, model=model, X_with_ones_column=X, logdensity_fn=logdensity_fn,
+                key=jax.random.key(1), positions=jnp.zeros((4, 3)))
+    assert names["mcmc"].get_samples()["beta"].shape == (4000, 3)
+    assert np.shape(names["samples"])[:2] == (4, 1000)
+
+
+@pytest.mark.slow
+def test_rmhmc_pymc_block_runs():
+    pytest.importorskip("pymc")
+    import pymc as pm
+
+    X, y = logistic_data()
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0, 10, shape=3)
+        pm.Bernoulli("y", logit_p=X @ beta, observed=y)
+    names = run(block("idata = pm.sample(step=AdaptiveRMHMC(metric=fisher_logistic_metric(X)))"),
+                pm=pm, model=model, X=X, my_pytensor_matrix=lambda x: 2.0 * pm.math.eye(3) + 0.0 * x.sum())
+    assert names["idata"].posterior["beta"].shape[2] == 3
