@@ -1089,3 +1089,29 @@ def test_summary_takes_the_best_nuts_from_another_run_made_the_same_way(tmp_path
     assert "0.16 (pymc_nuts) | 1.50x | 1.50x |" in merged  # per second stays against this run's NumPyro NUTS
     with pytest.raises(SystemExit, match="mode/seed"):
         summary(mine, "ahmc_blackjax", write("seed1.json", [run("pymc_nuts", 0.16)], seed=1))
+
+
+def test_rhat_budget_plans_draws_from_the_best_nuts_gradients_and_tables_the_rerun(tmp_path):
+    from benchmarks.rhat_budget import plan, table
+
+    def run(model, sampler, ess_grad, rhat, sampling_grads, draws=1000, ess=500.0):
+        return {"model": model, "sampler": sampler, "status": "ok", "num_warmup": 1000, "num_samples": draws,
+                "metrics": {"ess_per_grad": {"min": ess_grad}, "rhat_max": rhat, "ess_bulk": {"min": ess},
+                            "grads": {"sampling": sampling_grads}}}
+
+    results = {"environment": {"seed": 3}, "runs": [
+        run("gauss", "ahmc_blackjax", 0.4, 1.021, 6000),      # 6 sampling gradients per draw (all chains)
+        run("gauss", "ahmc_numpyro", 0.4, 1.004, 6000),       # converged: not planned
+        run("gauss", "numpyro_nuts", 0.2, 1.002, 26000),
+        run("gauss", "blackjax_nuts", 0.3, 1.003, 26400),     # the best NUTS per gradient
+        run("other", "ahmc_pymc", 0.1, 1.05, 1000),           # no NUTS beside it: not planned
+    ]}
+    entries = plan(results)
+    assert [(e["model"], e["sampler"], e["nuts"]) for e in entries] == [("gauss", "ahmc_blackjax", "blackjax_nuts")]
+    assert entries[0]["draws"] == 4400  # 26400 / (6000 / 1000)
+    assert "--num-warmup 1000 --num-samples 4400 --seed 3" in entries[0]["command"]
+    rerun = tmp_path / "rerun.json"
+    rerun.write_text(json.dumps({"runs": [run("gauss", "ahmc_blackjax", 0.5, 1.004, 26400, draws=4400, ess=2200.0)]}))
+    row = table(results, [str(rerun)]).splitlines()[-1]
+    assert row == ("| gauss | ahmc_blackjax | 1000 / 4400 | 1.000x | 1.021 / **1.004** | 500 / 2200 | "
+                   "blackjax_nuts: 1000, 1.003, 500 |")
