@@ -31,19 +31,11 @@ def run(code, **names):
 
 
 def eight_schools_numpyro():
-    import numpyro
-    import numpyro.distributions as dist
+    """Eight schools as ``examples/plot_tuning.py`` writes it: ``(model(y, sigma), y, sigma)``."""
+    from tests.test_examples import load
 
-    def model(y, sigma):
-        mu = numpyro.sample("mu", dist.Normal(0, 5))
-        tau = numpyro.sample("tau", dist.HalfCauchy(5))
-        with numpyro.plate("school", len(y)):
-            theta_raw = numpyro.sample("theta_raw", dist.Normal(0, 1))
-            numpyro.sample("obs", dist.Normal(mu + tau * theta_raw, sigma), obs=y)
-
-    y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
-    sigma = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
-    return model, y, sigma
+    example = load("plot_tuning")
+    return example.eight_schools, example.y, example.sigma
 
 
 def test_every_python_block_is_valid_python():
@@ -82,7 +74,7 @@ def test_numpyro_block_runs(capsys):
     idata = names["idata"]
     assert idata["posterior"]["mu"].shape == (4, 1000)
     assert {"reward", "max_steps", "step_size"} <= set(idata["sample_stats"].data_vars)
-    assert "theta_raw[7]" in capsys.readouterr().out  # print_summary's table
+    assert "theta_trans[7]" in capsys.readouterr().out  # print_summary's table
 
 
 def test_pymc_block_runs():
