@@ -12,5 +12,5 @@ def require(module: str, extra: str):
     except ImportError as error:
         raise ImportError(
             f"ahmc.adapters.{extra} needs {module!r}, which is not installed. "
-            f'Install the extra: pip install "ahmc[{extra}]"'
+            f'Install the extra: pip install "ahmc[{extra}]" (from a clone of ahmc: pip install ".[{extra}]")'
         ) from error
