@@ -20,7 +20,7 @@ import math
 import sys
 from pathlib import Path
 
-from .report import AHMC, NUTS
+from .report import AHMC, NUTS, _best
 
 THRESHOLD = 1.01
 
@@ -36,9 +36,10 @@ def budget_draws(ahmc_run, nuts_run) -> int:
 
 
 def best_nuts(runs, model):
-    """The NUTS run with the largest min ESS per gradient on ``model`` (None if there is none)."""
-    candidates = [r for r in _ok(runs) if r["model"] == model and r["sampler"] in NUTS]
-    return max(candidates, key=lambda r: r["metrics"]["ess_per_grad"]["min"], default=None)
+    """The report's best NUTS on ``model``: its run with the largest min ESS per gradient (None if none)."""
+    here = [r for r in _ok(runs) if r["model"] == model]
+    _, name = _best(here, NUTS)
+    return next((r for r in here if r["sampler"] == name), None)
 
 
 def plan(results) -> list[dict]:
@@ -55,7 +56,7 @@ def plan(results) -> list[dict]:
                    f"--num-warmup {run['num_warmup']} --num-samples {draws} --seed {results['environment']['seed']} "
                    f"--no-figures --output benchmarks/results/rhat_budget_<name>.json")
         entries.append({"model": run["model"], "sampler": run["sampler"], "nuts": nuts["sampler"],
-                        "draws": draws, "command": command})
+                        "draws": draws, "command": command, "run": run, "nuts_run": nuts})
     return entries
 
 
@@ -70,9 +71,7 @@ def table(results, budget_files) -> str:
              "|---|---|---|---|---|---|---|"]
     for entry in plan(results):
         key = entry["model"], entry["sampler"]
-        run = next(r for r in _ok(results["runs"]) if (r["model"], r["sampler"]) == key)
-        nuts = best_nuts(results["runs"], entry["model"])
-        again = budget.get(key)
+        run, nuts, again = entry["run"], entry["nuts_run"], budget.get(key)
         m, n = run["metrics"], nuts["metrics"]
         if again:
             spent = again["metrics"]["grads"]["sampling"] / n["grads"]["sampling"]
