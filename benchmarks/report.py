@@ -36,13 +36,14 @@ __all__ = ["write_report", "targets", "summary_table", "chain_numbers"]
 
 AHMC = ("ahmc_blackjax", "ahmc_numpyro", "ahmc_pymc", "ahmc_pymc_jax",
         "ahmc_blackjax_dense", "ahmc_numpyro_dense", "ahmc_pymc_dense",
-        "ahmc_blackjax_auto", "ahmc_numpyro_auto", "ahmc_pymc_auto")
+        "ahmc_blackjax_auto", "ahmc_numpyro_auto", "ahmc_pymc_auto", "ahmc_pymc_pooled")
 # The NUTS baselines (diagonal, then dense variants; benchmarks.samplers.DENSE_SAMPLERS): the best is the ratio's base.
 NUTS = ("blackjax_nuts", "numpyro_nuts", "pymc_nuts", "nutpie",
         "blackjax_nuts_dense", "numpyro_nuts_dense", "pymc_nuts_dense", "nutpie_low_rank")
 LOGISTIC = ("pima", "ripley", "breast_cancer")
 # Figure 3 pairs: the AHMC and NUTS of the same framework (same backend, same starting points per chain).
 PAIRS = (("ahmc_blackjax", "blackjax_nuts"), ("ahmc_numpyro", "numpyro_nuts"), ("ahmc_pymc", "pymc_nuts"),
+         ("ahmc_pymc_pooled", "pymc_nuts"),
          ("ahmc_blackjax_dense", "blackjax_nuts_dense"), ("ahmc_numpyro_dense", "numpyro_nuts_dense"),
          ("ahmc_pymc_dense", "pymc_nuts_dense"))
 STATS = ("min", "median", "max")

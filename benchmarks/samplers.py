@@ -600,7 +600,11 @@ def _pymc_sample(pm_model, step, positions, num_warmup, num_samples, seed, cores
     warmup_spans = draw_start[:, 0] - first
     sampling_spans = draw_end - draw_start[:, 0]
     loop_start, loop_end = float(first.min()), float(draw_end.max())
-    estimated = cores > 1 and positions.shape[0] > 1
+    # Chains overlap in time with cores > 1 (processes) and with a population step method such as
+    # AdaptiveHMC(pooled=True), which PyMC steps in lockstep in one process; then each chain's span
+    # covers the others' work too, and summing the spans would count the loop's time once per chain.
+    order = np.argsort(first)
+    estimated = bool(np.any(first[order][1:] < draw_end[order][:-1]))
     if estimated:  # chains overlap in time: split the loop's wall time by the chains' spans
         loop = loop_end - loop_start
         share = warmup_spans.sum() / max(warmup_spans.sum() + sampling_spans.sum(), 1e-300)
@@ -863,14 +867,16 @@ DENSE_SAMPLERS: dict[str, Runner] = {
     "nutpie_low_rank": _with_defaults(run_nutpie, "nutpie's low-rank mass-matrix adaptation", adaptation="low_rank"),
 }
 
-# Run by name only (not in the default set): the PyMC model on the compiled JAX engine, and ahmc's
+# Run by name only (not in the default set): the PyMC model on the compiled JAX engine, ahmc's
 # adapters with dense_mass="auto" (dense where the warm-up's correlations stand out from their noise;
-# diagonal above d = 200, so these run on every model).
+# diagonal above d = 200, so these run on every model), and the PyMC step with pooled=True.
 BY_NAME_SAMPLERS: dict[str, Runner] = {
     "ahmc_pymc_jax": run_ahmc_pymc_jax,
     "ahmc_blackjax_auto": _with_defaults(run_ahmc_blackjax, "dense_mass='auto'", dense_mass="auto"),
     "ahmc_numpyro_auto": _with_defaults(run_ahmc_numpyro, "dense_mass='auto'", dense_mass="auto"),
     "ahmc_pymc_auto": _with_defaults(run_ahmc_pymc, "dense_mass='auto'", dense_mass="auto"),
+    "ahmc_pymc_pooled": _with_defaults(run_ahmc_pymc, "one tuner for all chains, stepped in one process",
+                                       pooled=True),
 }
 
 # name -> runner; every runner has the signature described in the module docstring.

@@ -662,6 +662,20 @@ def test_ahmc_pymc_runner_smoke():
     assert len(out.extra["final_step_size"]) == 2
 
 
+def test_ahmc_pymc_pooled_runner_times_the_lockstep_loop_once():
+    """pooled=True steps the chains in lockstep, so their spans overlap: the runner splits the loop's wall
+    time between warm-up and draws instead of summing one span per chain (which counted it twice)."""
+    pytest.importorskip("pymc")
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, seed=0)
+    out = run.SAMPLERS["ahmc_pymc_pooled"](None, model, positions, 60, 40)
+    assert out.draws.shape == (2, 40, 2) and np.all(np.isfinite(out.draws))
+    timing = out.timing
+    assert timing["sampling_time_estimated"]
+    loop = timing["phases"]["pm_sample_wall_s"] - timing["phases"]["compile_s"]["pm_sample_before_loop"]
+    assert timing["warmup_s"] + timing["sampling_s"] <= loop * 1.01
+
+
 def test_funnel_truth_check_passes_exact_draws_and_flags_a_missed_neck():
     pytest.importorskip("jax")
     from benchmarks.rmhmc import funnel_features, funnel_truth_z

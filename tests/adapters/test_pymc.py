@@ -562,6 +562,74 @@ def test_bad_options_raise_before_sampling(kwargs, match):
         AdaptiveHMC(**kwargs)
 
 
+# ---- one tuner for all chains (pooled=True) -------------------------------------------------
+
+def test_pooled_gaussian_moments():
+    idata = sample(gaussian_model(), random_seed=13, step_kwargs=dict(pooled=True), **{**CORRECTNESS, "cores": 1})
+    assert_moments_match(idata.posterior["x"].values, np.zeros(len(SCALES)), SCALES)
+
+
+def test_pooled_posteriordb_reference():
+    name = "eight_schools-eight_schools_noncentered"
+    ref = load_reference(name)
+    idata = sample(reference_model(name), random_seed=4, step_kwargs=dict(pooled=True), **{**CORRECTNESS, "cores": 1})
+    assert_reference_match({v: idata.posterior[v].values for v in ref["dimensions"]}, name)
+
+
+def test_pooled_chains_share_one_tuner_and_keep_their_own_draws():
+    from ahmc.adapters.diagnostics import history_from_datatree
+    from ahmc.core.diagnostics import replay
+    from tests.core.test_diagnostics import assert_same_tuner
+
+    with gaussian_model():
+        step = AdaptiveHMC(pooled=True, round_length=5)
+        assert isinstance(step, AdaptiveHMC) and type(step).__name__ == "PooledAdaptiveHMC"
+        idata = pm.sample(step=step, tune=200, draws=100, chains=3, cores=1, random_seed=7, progressbar=False,
+                          discard_tuned_samples=False, compute_convergence_checks=False)
+    for group in (idata.warmup_sample_stats, idata.sample_stats):
+        rounds = group["tuning_round"].values[0] > 0  # the metric phase is each chain's own
+        assert rounds.sum() >= 100
+        for name in ("step_size", "max_steps", "tuning_round", "reward", "arm_changed", "adapt_probability"):
+            values = group[name].values[:, rounds]
+            np.testing.assert_array_equal(values[1:], np.broadcast_to(values[0], values[1:].shape), err_msg=name)
+        assert not np.array_equal(group["n_steps"].values[0], group["n_steps"].values[1])  # own jitter
+    assert np.isfinite(idata.sample_stats["reward"].values[0]).sum() == 20
+    x = idata.posterior["x"].values
+    assert not np.array_equal(x[0], x[1]) and not np.array_equal(x[1], x[2])
+    # The tree reads as one pooled tuner, and replaying it gives the tuner the chains shared.
+    history = history_from_datatree(idata)
+    assert history.pooled and history.tuner_chains == ((0, 1, 2),)
+    assert_same_tuner(replay(history), step._tuner_state)
+    # The same seed gives the same draws.
+    with gaussian_model():
+        again = pm.sample(step=AdaptiveHMC(pooled=True, round_length=5), tune=200, draws=100, chains=3, cores=1,
+                          random_seed=7, progressbar=False, compute_convergence_checks=False)
+    np.testing.assert_array_equal(again.posterior["x"].values, x)
+
+
+def test_pooled_with_several_cores_steps_the_chains_in_one_process():
+    with pytest.warns(UserWarning, match="steps them in one process"):
+        idata = sample(gaussian_model(), tune=100, draws=50, chains=2, cores=2, step_kwargs=dict(pooled=True))
+    step_size = idata.sample_stats["step_size"].values
+    np.testing.assert_array_equal(step_size[0], step_size[1])
+
+
+@pytest.mark.parametrize("chains", [1, 2])
+def test_pooled_with_one_or_two_chains(chains):
+    idata = sample(gaussian_model(), tune=100, draws=50, chains=chains, step_kwargs=dict(pooled=True))
+    assert idata.posterior["x"].shape == (chains, 50, len(SCALES))
+    assert (idata.sample_stats["tuning_round"].values > 0).all()
+
+
+def test_pooled_is_a_bool_and_not_for_rmhmc():
+    from ahmc.adapters.pymc import AdaptiveRMHMC
+
+    with gaussian_model(), pytest.raises(ValueError, match="pooled must be True or False"):
+        AdaptiveHMC(pooled="yes")
+    with gaussian_model(), pytest.raises(ValueError, match="pooled=True is not available for AdaptiveRMHMC"):
+        AdaptiveRMHMC(pooled=True)
+
+
 def test_non_finite_initial_density_raises_sampling_error():
     with pm.Model() as model:
         x = pm.Normal("x", 0, 1)
