@@ -866,6 +866,18 @@ def test_dense_table_reads_the_committed_results():
     assert "nutpie_low_rank" in dense_table.NUTS_DENSE and "nutpie" in dense_table.NUTS_DIAGONAL
 
 
+def test_pooled_table_is_what_the_committed_runs_say(tmp_path):
+    from benchmarks import pooled_table
+
+    text = pooled_table.main(["--output", str(tmp_path / "pooled.md")])
+    assert text == (pooled_table.RESULTS / "pymc_pooled.md").read_text()
+    assert "| pima | `pooled=True` | 1.37 (0.03)" in text and "1.40 (0.03), 1.20-1.57 |" in text
+    not_pooled = [pooled_table.RESULTS / "pymc_pooled_lr6_seed0.json"]  # its pima row ran with the default
+    with pytest.raises((ValueError, KeyError)):
+        pooled_table.pima_table(not_pooled, pooled_table.RESULTS / "pima_pymc_seeds50.json",
+                                pooled_table.RESULTS / "pymc_traj_pima50.json")
+
+
 @pytest.mark.slow  # ~16 s; default run under 15 min (2026-11-28)
 def test_dense_ahmc_runner_smoke():
     pytest.importorskip("blackjax")

@@ -89,6 +89,20 @@ def test_pymc_block_runs():
     assert {"max_steps", "reward", "tuning_round", "arm_changed"} <= set(stats.data_vars)
 
 
+def test_pymc_pooled_line_runs():
+    """The one-line pooled example, in a model like the block above (fewer draws)."""
+    pm = pytest.importorskip("pymc")
+    from ahmc.adapters.pymc import AdaptiveHMC
+
+    code = block("AdaptiveHMC(pooled=True)").replace("tune=1000, draws=1000", "tune=300, draws=200")
+    with pm.Model():
+        pm.Normal("x", 0.0, [1.0, 10.0], shape=2)
+        names = run(code, pm=pm, AdaptiveHMC=AdaptiveHMC)
+    stats = names["idata"].sample_stats
+    assert names["idata"].posterior["x"].shape == (4, 200, 2)
+    np.testing.assert_array_equal(stats["step_size"].values[1:], np.broadcast_to(stats["step_size"].values[0], (3, 200)))
+
+
 @pytest.mark.slow
 def test_tuning_diagnostics_block_runs(tmp_path, monkeypatch):
     pytest.importorskip("numpyro")

@@ -307,11 +307,11 @@ def test_a_compound_step_evaluates_every_start():
     assert calls[0] == steps + 100
 
 
-@pytest.mark.parametrize("dense_mass", [False, True])
-def test_each_chain_gets_a_fresh_tuner_and_state_round_trips(dense_mass):
+@pytest.mark.parametrize("dense_mass, pooled", [(False, False), (True, False), (False, True)])
+def test_each_chain_gets_a_fresh_tuner_and_state_round_trips(dense_mass, pooled):
     model = gaussian_model()
     with model:
-        step = AdaptiveHMC(round_length=5, dense_mass=dense_mass)
+        step = AdaptiveHMC(round_length=5, dense_mass=dense_mass, pooled=pooled)
     point = model.initial_point()
     step.setup_chain(np.random.default_rng(0), tune=40, draws=20)
     for _ in range(30):  # past warm-up, into the GP rounds
