@@ -732,21 +732,81 @@ class _ChainPool:
         self.round_rewards, self.round_stats = [], []  # this round's, in chain order
 
 
+class _SharedDualAverage(DualAverageAdaptation):
+    """PyMC's dual averaging of the step size, shared by lockstep chains: one update per iteration,
+    with the chains' mean acceptance (the JAX engine's pooled dual averaging)."""
+
+    num_chains = 1
+
+    def reset(self):
+        super().reset()
+        self._pending = []
+
+    def update(self, accept_stat, tune):
+        if not tune:
+            return super().update(accept_stat, tune)
+        self._pending.append(accept_stat)
+        if len(self._pending) >= self.num_chains:
+            mean, self._pending = float(np.mean(self._pending)), []
+            super().update(mean, tune)
+
+
+class _SharedDiagAdapt(_WarmupDiagAdapt):
+    """PyMC's diagonal mass-matrix adaptation shared by lockstep chains: every chain's draw enters the
+    variance estimate, and the windows advance once per iteration (the JAX engine's pooled Welford)."""
+
+    num_chains = 1
+
+    def reset(self):
+        super().reset()
+        self._calls = 0
+
+    def update(self, sample, grad, tune):
+        if not (tune and self.is_adapting):
+            return
+        self._calls += 1
+        if self._n_samples > self._discard_window:
+            self._foreground_var.add_sample(sample)
+            self._background_var.add_sample(sample)
+        if self._calls % self.num_chains:
+            return  # the iteration's last chain moves the windows on (QuadPotentialDiagAdapt.update)
+        if self._early_update or self._n_samples > self.adaptation_window:
+            self._update_from_weightvar(self._foreground_var)
+        if self._n_samples > 0 and self._n_samples % self.adaptation_window == 0:
+            self._foreground_var = self._background_var
+            self._background_var = type(self._foreground_var)(self._n, dtype=self.dtype)
+            self.adaptation_window = int(self.adaptation_window * self.adaptation_window_multiplier)
+        self._n_samples += 1
+
+
 class _PooledChains:
-    """``AdaptiveHMC(pooled=True)``: one tuner for all chains.
+    """``AdaptiveHMC(pooled=True)``: one tuner, one step-size adaptation and one diagonal mass matrix
+    for all chains.
 
     PyMC steps the chains of a population step method in lockstep (iteration ``t`` of every chain,
     then ``t + 1``), from shallow copies of the step, which therefore share ``self._pool``.  The
     last chain to finish a round gives the chains' mean reward to the tuner; the other chains'
     stats of that iteration are still PyMC's to record (it records after stepping every chain),
-    so they get the pooled reward too and the DataTree reads as one pooled tuner.
-    Everything else stays per chain: mass matrix, dual averaging (warm-up), integrator, RNG.
+    so they get the pooled reward too and the DataTree reads as one pooled tuner.  In warm-up the
+    chains share the dual averaging (mean acceptance) and the diagonal mass-matrix estimate (every
+    chain's draws), as the JAX engine pools them; a dense mass matrix (``dense_mass``) stays per chain.
+    Integrator and leapfrog-count draws are per chain; momenta come from the shared metric's generator.
     """
 
     def __init__(self, *args, **kwargs):
         self._pool = _ChainPool()
         super().__init__(*args, **kwargs)
-        self._pristine = (self.potential, self.step_adapt)
+        adapt = self.step_adapt
+        shared_adapt = _SharedDualAverage(float(adapt._initial_step), adapt._target, adapt._gamma, adapt._k,
+                                          adapt._t0)
+        potential = self.potential
+        if type(potential) is _WarmupDiagAdapt:
+            potential = _SharedDiagAdapt(potential._n, np.zeros(potential._n), np.ones(potential._n), 10,
+                                         rng=potential.rng)
+            self._shared_potential = True
+        else:  # dense adaptation or a fixed metric: one copy per chain
+            self._shared_potential = False
+        self._pristine = (potential, shared_adapt)
 
     def __copy__(self):
         copied = object.__new__(type(self))
@@ -764,8 +824,9 @@ class _PooledChains:
         return self.__dict__
 
     def setup_chain(self, rng, tune, draws):
-        # The copies share every attribute: give this chain its own mass matrix, dual averaging and integrator.
-        self.potential, self.step_adapt = copy.deepcopy(self._pristine)
+        # The copies share every attribute: the pooled adaptations stay shared, the rest is this chain's own.
+        potential, self.step_adapt = self._pristine
+        self.potential = potential if self._shared_potential else copy.deepcopy(potential)
         self.integrator = _LeapfrogReusingStart(self.potential, self._logp_dlogp_func, _samples_every_variable(self))
         super().setup_chain(rng, tune, draws)
 
@@ -775,6 +836,9 @@ class _PooledChains:
         self.other_chains = [c for c in range(len(population)) if c != chain_index]
         if chain_index == 0:  # a new run: chain 0 is linked first
             self._pool.reset(len(population), self.rng.spawn(1)[0])
+        self.step_adapt.num_chains = len(population)
+        if self._shared_potential:
+            self.potential.num_chains = len(population)
 
     @property
     def _tuner_state(self):
