@@ -21,7 +21,8 @@ Each chain runs in two phases.
   (``exploit_after_warmup``), since the last UCB proposal is often exploratory.
 
 Each chain has its own tuner unless ``pooled=True``: then one tuner takes the chains' mean reward
-every round and PyMC steps the chains in lockstep in one process (:class:`PooledAdaptiveHMC`).
+every round, the warm-up's step size and diagonal mass matrix are pooled too, and PyMC steps the
+chains in lockstep in one process (:class:`PooledAdaptiveHMC`).
 
 Adapting after tune is deliberate: every arm's kernel leaves the posterior
 invariant, ``p_i -> 0`` and the grid of arms is finite, so the chain stays
@@ -358,13 +359,14 @@ class AdaptiveHMC(BaseHMC):
         ~4 x 0.35 / 2 = 0.7, variance ~0.5.
     pooled : bool
         ``True``: one tuner for all chains, as the JAX adapters have with vectorized chains.  Every
-        round the chains' rewards are averaged into one observation of weight ``chains``, the
-        warm-up's step sizes into one box (their geometric mean), and every chain runs the same arm;
-        each chain keeps its own mass matrix.  For that PyMC steps the chains in lockstep in one
+        round the chains' rewards are averaged into one observation of weight ``chains`` and every
+        chain runs the same arm; in warm-up the chains share the dual averaging (their mean
+        acceptance) and the diagonal mass-matrix estimate (all their draws), as the JAX engine does
+        (a dense mass matrix stays per chain).  For that PyMC steps the chains in lockstep in one
         process (its population sampling, as for ``DEMetropolis``), so ``cores`` does not
-        parallelize them (a ``UserWarning`` says so).  On Pima it raised the min ESS per gradient
-        from 1.27x to 1.40x PyMC's NUTS over twenty seeds (README, "AHMC in PyMC").  ``False``
-        (default): one tuner per chain, chains in separate processes with ``cores > 1``.
+        parallelize them (a ``UserWarning`` says so).  It raises the min ESS per gradient on the
+        logistic regressions and on stochastic volatility (README, "PyMC").  ``False`` (default):
+        one tuner per chain, chains in separate processes with ``cores > 1``.
     **kwargs
         Passed to ``BaseHMC`` (``target_accept`` of the warm-up, ``Emax``, ``scaling``, ``potential``, ``model``, ...).
     """
