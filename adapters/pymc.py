@@ -767,18 +767,11 @@ class _SharedDiagAdapt(_WarmupDiagAdapt):
         if not (tune and self.is_adapting):
             return
         self._calls += 1
-        if self._n_samples > self._discard_window:
+        if self._calls % self.num_chains == 0:  # the iteration's last chain: PyMC's update moves the windows on
+            return super().update(sample, grad, tune)
+        if self._n_samples > self._discard_window:  # the others only add their draws, as that update does
             self._foreground_var.add_sample(sample)
             self._background_var.add_sample(sample)
-        if self._calls % self.num_chains:
-            return  # the iteration's last chain moves the windows on (QuadPotentialDiagAdapt.update)
-        if self._early_update or self._n_samples > self.adaptation_window:
-            self._update_from_weightvar(self._foreground_var)
-        if self._n_samples > 0 and self._n_samples % self.adaptation_window == 0:
-            self._foreground_var = self._background_var
-            self._background_var = type(self._foreground_var)(self._n, dtype=self.dtype)
-            self.adaptation_window = int(self.adaptation_window * self.adaptation_window_multiplier)
-        self._n_samples += 1
 
 
 class _PooledChains:

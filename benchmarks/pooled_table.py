@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .compare_runs import load_runs
+
 RESULTS = Path(__file__).parent / "results"
 LR_COMMAND = ("python -m benchmarks.seeds --models pima,ripley,breast_cancer --samplers "
               "ahmc_pymc,ahmc_pymc_pooled,pymc_nuts,nutpie --baseline pymc_nuts --seeds 0,1,2,3,4,5 "
@@ -28,9 +30,12 @@ PIMA_COMMAND = ("python -m benchmarks.seeds --models pima --samplers ahmc_pymc -
                 "--sampler-options '{\"ahmc_pymc\": {\"pooled\": true}}' --output benchmarks/results/pymc_pooled_pima20.json")
 
 
-def _runs(path) -> tuple[int, dict]:
-    data = json.loads(Path(path).read_text())
-    return int(data["environment"]["seed"]), {(r["model"], r["sampler"]): r for r in data["runs"] if r["status"] == "ok"}
+def _by_seed(paths) -> dict[int, dict]:
+    """``seed -> {(model, sampler): run}`` of the finished runs (``compare_runs.load_runs``, regrouped)."""
+    seeds: dict[int, dict] = {}
+    for (model, sampler, seed), run in load_runs(paths).items():
+        seeds.setdefault(seed, {})[model, sampler] = run
+    return seeds
 
 
 def _min(run, key="ess_per_grad"):
@@ -45,7 +50,7 @@ def _spread(ratios) -> str:
 
 def same_run_table(paths) -> str:
     """Per model and step: mean (standard error), min-max over seeds of the ratios to PyMC's NUTS of the same run."""
-    seeds = dict(_runs(p) for p in paths)
+    seeds = _by_seed(paths)
     models = sorted({model for runs in seeds.values() for model, _ in runs}, key=["pima", "ripley", "breast_cancer"].index)
     lines = [f"Seeds {sorted(seeds)}; mean (standard error), min-max of the per-seed ratios.", "",
              "| model | step | min ESS/grad vs PyMC's NUTS | vs the better of PyMC's NUTS and nutpie | seeds >= 1.3x | "
@@ -79,11 +84,10 @@ def pima_table(pooled_paths, nuts_summary, default_summary) -> str:
     nuts = dict(zip(nuts_table["seeds"], nuts_table["min_ess_per_grad"]))
     default = dict(zip(default_table["seeds"], default_table["min_ess_per_grad"]))
     pooled = {}
-    for path in pooled_paths:
-        seed, runs = _runs(path)
+    for seed, runs in _by_seed(pooled_paths).items():
         run = runs["pima", "ahmc_pymc"]
         if not run.get("options", {}).get("pooled"):
-            raise ValueError(f"{path}: the run was not made with pooled=True")
+            raise ValueError(f"seed {seed}: the run was not made with pooled=True")
         pooled[seed] = _min(run)
     seeds = sorted(pooled)
     ratio_pooled = [pooled[s] / nuts[s] for s in seeds]
