@@ -239,12 +239,13 @@ def riemannian_from_callable(metric_fn: Callable) -> RiemannianMetric:
                             velocity_derivative)
 
 
-def riemannian_from_diagonal(diagonal_fn: Callable) -> RiemannianMetric:
+def riemannian_from_diagonal(diagonal_fn: Callable, reverse: bool = False) -> RiemannianMetric:
     """A diagonal user metric ``G(x) = diag(g(x))`` with ``g = diagonal_fn(x)`` of shape ``(d,)``.
 
     Everything is elementwise: ``G^{-1} p = p / g``, ``log det G = sum log g``; the x-derivatives need
     only the Jacobian ``J[i, k] = dg_i / dx_k`` (``jax.jacfwd``, d forward passes of ``g``), where the
-    dense route builds and contracts a ``(d, d, d)`` tensor.
+    dense route builds and contracts a ``(d, d, d)`` tensor.  ``reverse=True`` takes it by d reverse
+    passes instead: faster when ``g`` is itself a forward-mode Jacobian (``model_fisher_metric``).
     """
     def twice(x):
         g = diagonal_fn(x)
@@ -255,7 +256,11 @@ def riemannian_from_diagonal(diagonal_fn: Callable) -> RiemannianMetric:
     jacobian_and_value = jax.jacfwd(twice, has_aux=True)
 
     def at(x):
-        dg, g = jacobian_and_value(x)
+        if reverse:
+            g, pullback = jax.vjp(diagonal_fn, x)
+            dg = jax.vmap(pullback)(jnp.eye(x.shape[0], dtype=x.dtype))[0]
+        else:
+            dg, g = jacobian_and_value(x)
         return {"g": g, "dg": dg, "trace": 0.5 * (dg.T @ (1.0 / g))}
 
     def sample_momentum(cache, rng_key):
@@ -387,7 +392,7 @@ def resolve_metric(metric, softabs_alpha: float = DEFAULT_SOFTABS_ALPHA):
         return lambda logdensity_flat, flat_position: build(logdensity_flat, softabs_alpha)
     if isinstance(metric, ConstantMetric):
         return metric
-    if isinstance(metric, FisherLogisticMetric):
+    if callable(metric) and callable(getattr(metric, "riemannian", None)):  # a metric that knows its derivatives
         return lambda logdensity_flat, flat_position: metric.riemannian()
     if callable(metric):
         return lambda logdensity_flat, flat_position: riemannian_for(metric, flat_position)

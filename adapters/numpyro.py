@@ -22,6 +22,7 @@ from ._extras import require
 require("numpyro", "numpyro")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
 from numpyro.handlers import seed, trace  # noqa: E402
 from numpyro.infer.initialization import init_to_uniform  # noqa: E402
 from numpyro.infer.mcmc import MCMCKernel  # noqa: E402
@@ -31,9 +32,17 @@ from numpyro.util import identity, is_prng_key  # noqa: E402
 from ._jax_engine import EngineState, build_engine  # noqa: E402
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
 from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, build_rmhmc_engine  # noqa: E402
+from ._numpyro_fisher import fisher_from_model, model_fisher_metric  # noqa: E402
 
 __all__ = ["AdaptiveHMC", "AdaptiveHMCState", "AdaptiveRMHMC", "AdaptiveRMHMCState", "constant_metric",
-           "fisher_logistic_metric"]
+           "fisher_logistic_metric", "model_fisher_metric"]
+
+# Metrics read off the model's sites (``_numpyro_fisher``): they need ``model``, not ``potential_fn``.
+MODEL_METRICS = ("fisher", "diagonal_fisher")
+
+
+def _is_model_metric(metric) -> bool:
+    return isinstance(metric, str) and metric in MODEL_METRICS
 
 
 class AdaptiveHMCState(NamedTuple):
@@ -134,6 +143,7 @@ class AdaptiveHMC(MCMCKernel):
         self._postprocess_fn = None
         self._sample_fn = None
         self._vectorized = False
+        self._unravel = None
         self._build_engine(lambda x: -jnp.sum(x**2), num_warmup=100, **self._options)  # validate knobs now
 
     @property
@@ -222,6 +232,7 @@ class AdaptiveHMC(MCMCKernel):
             raise ValueError("With `potential_fn`, pass `init_params` to MCMC.run (an unconstrained position).")
 
         positions = init_params if self._vectorized else jax.tree.map(lambda x: jnp.asarray(x)[None], init_params)
+        _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
         engine = self._engine(model_args, model_kwargs)
         engine_state = engine.init(positions, engine_key)
         self._sample_fn = self._sample
@@ -311,7 +322,10 @@ class AdaptiveRMHMC(AdaptiveHMC):
     metric
         ``"softabs"`` (default): SoftAbs of the Hessian of the potential
         (Betancourt 2013); ``"diagonal_softabs"``: SoftAbs of the Hessian's diagonal
-        (a diagonal metric: cheap, blind to correlations); a callable ``flat_position -> (d, d)`` metric of the
+        (a diagonal metric: cheap, blind to correlations); ``"fisher"``: the model's
+        expected Fisher information, built site by site from its distributions
+        (:func:`model_fisher_metric`; the paper's logistic-regression metric, the
+        funnel's), and ``"diagonal_fisher"`` its diagonal (needs ``model``); a callable ``flat_position -> (d, d)`` metric of the
         flattened unconstrained position (sites in sorted-name order, as
         ``jax.flatten_util.ravel_pytree`` flattens the dict), or ``-> (d,)`` for a
         diagonal metric (elementwise algebra: far cheaper than its matrix); e.g.
@@ -340,13 +354,28 @@ class AdaptiveRMHMC(AdaptiveHMC):
                  metric: Any = "softabs", softabs_alpha: float = DEFAULT_SOFTABS_ALPHA,
                  fixed_point_tolerance: float | None = None,
                  max_fixed_point_iterations: int = DEFAULT_MAX_FIXED_POINT_ITERATIONS, **options):
+        if _is_model_metric(metric) and model is None:
+            raise ValueError(f"metric={metric!r} reads the model's sample sites, so it needs `model`; with "
+                             "`potential_fn`, pass a metric callable or 'softabs'.")
         super().__init__(model, potential_fn, init_strategy=init_strategy, metric=metric,
                          softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,
                          max_fixed_point_iterations=max_fixed_point_iterations, **options)
 
     @staticmethod
     def _build_engine(logdensity_fn, **options):
+        if _is_model_metric(options.get("metric")):  # only when validating the knobs, before the model is known
+            options["metric"] = "diagonal_softabs"
         return build_rmhmc_engine(logdensity_fn, **options)
+
+    def _engine(self, model_args, model_kwargs):
+        metric = self._options.get("metric")
+        if not _is_model_metric(metric):
+            return super()._engine(model_args, model_kwargs)
+        fisher = fisher_from_model(self._model, model_args, model_kwargs, self._unravel,
+                                   diagonal=metric == "diagonal_fisher")
+        with jax.ensure_compile_time_eval():
+            return build_rmhmc_engine(self._logdensity_fn(model_args, model_kwargs), num_warmup=self._num_warmup,
+                                      **{**self._options, "metric": fisher})
 
     @property
     def default_fields(self):

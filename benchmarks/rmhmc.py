@@ -30,6 +30,9 @@ Samplers (4 chains, the same starting points, ``init + Uniform(-2, 2)``):
   (window adaptation, diagonal mass matrix), chains ``vmap``-ed as BlackJAX's examples run
   them; ``blackjax_nuts_sequential``: the same with the chains one after another, as ARMHMC
   and the hand-set RMHMC run theirs (a chain then never waits for another's longer trajectory).
+* ``armhmc_diagonal_fisher`` (funnel only): ARMHMC with the diagonal of the metric that
+  ``AdaptiveRMHMC(model, metric="diagonal_fisher")`` reads off the funnel's NumPyro model
+  (``model_fisher_metric``): the hand-written ``armhmc_fisher`` metric, built with nothing from the user.
 
 Cost: one unit per log-density gradient and one per metric evaluation
 (``EngineInfo.num_gradient_evals``; see ``ahmc.adapters._jax_rmhmc``); NUTS:
@@ -95,6 +98,20 @@ def funnel_fisher_metric(dim: int, dense: bool = False):
         return jnp.diag(diagonal) if dense else diagonal
 
     return metric
+
+
+def funnel_numpyro_model(dim: int = 10):
+    """The same funnel as a NumPyro model: sites ``v`` and ``x`` flatten (sorted names) to ``[v, x_1..]``,
+    the order of :func:`funnel_model`'s position."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    def model():
+        v = numpyro.sample("v", dist.Normal(0.0, 3.0))
+        numpyro.sample("x", dist.Normal(0.0, jnp.exp(v / 2.0)).expand([dim - 1]))
+
+    return model
 
 
 def metric_for(name: str):
@@ -264,6 +281,18 @@ def _armhmc_diagonal_softabs(rng_key, model, positions, num_warmup, num_samples,
     return run_armhmc(rng_key, model, positions, num_warmup, num_samples, "diagonal_softabs", **options)
 
 
+def _armhmc_diagonal_fisher(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+    """ARMHMC on the funnel with the metric ``AdaptiveRMHMC(model, metric="diagonal_fisher")`` builds from
+    the NumPyro model's sites (``model_fisher_metric(model, diagonal=True)``): nothing from the user."""
+    from ahmc.adapters.numpyro import model_fisher_metric
+
+    del metric
+    if model.name != "funnel":
+        raise ValueError("armhmc_diagonal_fisher runs on the funnel (its NumPyro model is defined here)")
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples,
+                      model_fisher_metric(funnel_numpyro_model(model.dim), diagonal=True), **options)
+
+
 def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     """ARMHMC with ``min_steps_fraction=0.5``: ``L_t ~ U{ceil(L/2)..L}``, closer to the fixed-``L``
     trajectories of the hand-set RMHMC than the paper's ``U{1..L}``."""
@@ -298,6 +327,7 @@ def runner(name: str):
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
             "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "armhmc_fisher": _armhmc_fisher,
             "armhmc_fisher_dense": _armhmc_fisher_dense, "armhmc_diagonal_softabs": _armhmc_diagonal_softabs,
+            "armhmc_diagonal_fisher": _armhmc_diagonal_fisher,
             "blackjax_nuts": _nuts, "blackjax_nuts_sequential": _nuts_sequential,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)

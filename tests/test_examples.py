@@ -55,3 +55,5 @@ def test_rmhmc_funnel_example_reaches_the_neck(capsys):
     example = load("rmhmc_funnel")
     v = example.main(num_warmup=200, num_samples=300, metric=example.fisher_metric)
     assert v.shape == (4, 300) and v.min() < -3.0
+    v = example.main(num_warmup=200, num_samples=300, metric="diagonal_fisher")
+    assert v.shape == (4, 300) and v.min() < -3.0

@@ -164,6 +164,16 @@ def test_rmhmc_numpyro_and_blackjax_block_runs():
     assert np.shape(names["samples"])[:2] == (4, 1000)
 
 
+def test_rmhmc_model_fisher_block_runs():
+    pytest.importorskip("numpyro")
+    import jax
+
+    with jax.enable_x64(True):
+        names = run(textwrap.dedent(block('AdaptiveRMHMC(funnel, metric="diagonal_fisher")')))
+    v = np.asarray(names["mcmc"].get_samples(group_by_chain=True)["v"])
+    assert v.shape == (4, 1000) and v.min() < -3.0  # P(v < -3) = 16%: a sampler stuck at the mouth fails
+
+
 @pytest.mark.slow
 def test_rmhmc_pymc_block_runs():
     pytest.importorskip("pymc")
