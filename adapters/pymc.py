@@ -83,8 +83,12 @@ from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE
                        step_jumps_update)
 
 from . import _riemann
+from ._pymc_fisher import FisherParts, assemble_fisher, fisher_parts
 from ._riemann import Geometry, NotPositiveDefiniteError
 from .diagnostics import PYMC_HMC_DEFAULTS
+
+#: Metrics read off the model's variables (``_pymc_fisher``): its expected Fisher information, or the diagonal.
+MODEL_METRICS = ("fisher", "diagonal_fisher")
 
 #: ``metric_fraction`` with ``dense_mass=True``: one chain's dense estimate needs most of tune (five
 #: seeds of the logistic regressions, README "Dense mass matrix": 0.9 against 0.5 raised the min ESS per
@@ -991,7 +995,8 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
     """Compile, once, ``x -> (log pi, grad, G or Hessian, dG/dx or dHessian/dx)`` of the flat position.
 
     With ``metric=None`` (or ``"diagonal_softabs"``) the third output is the Hessian of ``-log pi`` and SoftAbs is applied
-    in NumPy; otherwise it is ``metric(x)``.  All derivatives come from PyTensor autodiff.
+    in NumPy; with ``"fisher"`` / ``"diagonal_fisher"`` it is the model's Fisher metric (``_pymc_fisher``);
+    otherwise it is ``metric(x)``.  All derivatives come from PyTensor autodiff.
     Variables the step does not sample are read from the same shared variables PyMC's own
     logp function uses, so compound steps see their current values.
     """
@@ -1005,6 +1010,17 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
     hessian_metric = metric is None or metric == "diagonal_softabs"
     if hessian_metric:
         matrix = _jacobian(-grad, flat)
+    elif metric in MODEL_METRICS:  # read off the model's variables, joined into the same flat position
+        parts = fisher_parts(model, step.vars)
+        (cost, *joined), flat = join_nonshared_inputs(point=initial_point, outputs=[model.logp(), *parts],
+                                                      inputs=step.vars, make_inputs_shared=False)
+        cost = rewrite_pregrad(cost)
+        grad = pytensor.grad(cost, flat)
+        matrix = assemble_fisher(FisherParts(*joined), flat, _jacobian, diagonal=metric == "diagonal_fisher")
+        _check_initial_metric(compile_pytensor([flat], matrix, givens=givens, on_unused_input="ignore",
+                                               mode="FAST_COMPILE"), step, initial_point)
+        if matrix.ndim == 1:
+            matrix = pt.diag(matrix)
     else:
         matrix = pt.cast(pt.as_tensor_variable(metric(flat)), "float64")
         if matrix.ndim not in (1, 2):
@@ -1173,7 +1189,12 @@ class AdaptiveRMHMC(AdaptiveHMC):
     metric : callable, ConstantMetric or None
         ``None`` (default): SoftAbs of the Hessian of ``-log pi`` (Betancourt 2013).
         ``"diagonal_softabs"``: SoftAbs of the Hessian's diagonal alone, a diagonal metric (as in
-        the JAX adapters; here it costs what SoftAbs costs, the third derivatives included).  A callable
+        the JAX adapters; here it costs what SoftAbs costs, the third derivatives included).
+        ``"fisher"``: the model's expected Fisher information, read off its variables' distributions
+        (each parameter's Fisher information through the chain rule, each free variable's own expected
+        curvature; the paper's logistic-regression metric, the funnel's); ``"diagonal_fisher"``: its
+        diagonal.  Normal, Cauchy, StudentT, HalfNormal, HalfCauchy, Exponential, and observed
+        Bernoulli, Binomial, Poisson; any other variable is a ``ValueError`` naming it.  A callable
         gets the flat PyTensor position (the step's value variables raveled in model order,
         transformed, e.g. ``sigma_log__``) and returns a PyTensor ``(d, d)`` symmetric
         positive-definite matrix, or a positive ``(d,)`` vector for a diagonal metric (BlackJAX's
@@ -1227,10 +1248,11 @@ class AdaptiveRMHMC(AdaptiveHMC):
             if name in kwargs:
                 raise ValueError(f"AdaptiveRMHMC takes no {name}: the metric G(x) replaces the mass matrix. Give "
                                  f"metric=constant_metric(M) for a fixed mass matrix M, or use AdaptiveHMC.")
-        if not (metric is None or metric == "diagonal_softabs" or callable(metric)):
-            raise ValueError(f"metric must be None (SoftAbs), \"diagonal_softabs\", a callable of the flat position "
-                             f"returning a (d, d) matrix or (d,) diagonal, fisher_logistic_metric(X) or "
-                             f"constant_metric(M); got {metric!r}.")
+        if not (metric is None or (isinstance(metric, str) and metric in ("diagonal_softabs", *MODEL_METRICS))
+                or callable(metric)):
+            raise ValueError(f"metric must be None (SoftAbs), \"diagonal_softabs\", \"fisher\", \"diagonal_fisher\", "
+                             f"a callable of the flat position returning a (d, d) matrix or (d,) diagonal, "
+                             f"fisher_logistic_metric(X) or constant_metric(M); got {metric!r}.")
         if not (isinstance(softabs_alpha, (int, float)) and math.isfinite(softabs_alpha) and softabs_alpha > 0):
             raise ValueError(f"softabs_alpha must be a finite number > 0 (e.g. 1e6); got {softabs_alpha!r}.")
         if not (isinstance(fixed_point_tolerance, (int, float)) and 0 < fixed_point_tolerance < 1):

@@ -1,0 +1,154 @@
+"""The expected Fisher information of a PyMC model, variable by variable, as an RMHMC metric (PyTensor).
+
+The construction of ``_numpyro_fisher`` (see its docstring) on a PyMC model's graph: every random
+variable adds, for each parameter of its distribution that moves with the position, that
+parameter's Fisher information through the chain rule, and a free variable its own expected
+curvature in the sampler's coordinate (``log value`` for positive variables).  A location-scale
+variable enters through its residual ``value - loc``.  The metric is ``diag(own) + J^T diag(w) J``;
+the parts are PyTensor expressions of the model's value variables, which the RMHMC step joins
+into its flat position with the log density, so PyTensor's autodiff gives the derivatives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import pytensor.tensor as pt
+from pymc.logprob.transforms import LogTransform
+from pytensor.scalar.math import Sigmoid
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
+
+try:  # PyTensor >= 2.31
+    from pytensor.graph.traversal import ancestors
+except ImportError:  # pragma: no cover
+    from pytensor.graph.basic import ancestors
+
+__all__ = ["FisherParts", "fisher_parts", "assemble_fisher"]
+
+REAL = ("NormalRV", "CauchyRV", "StudentTRV")
+POSITIVE = ("HalfNormalRV", "HalfCauchyRV", "ExponentialRV")
+OBSERVED_ONLY = ("BernoulliRV", "BinomialRV", "PoissonRV")
+
+
+class FisherParts(NamedTuple):
+    """Expressions in the value variables: the own terms' diagonal over ``vars`` (flattened in their
+    order), and the quantities with their weights for the Jacobian part."""
+
+    own_diagonal: Any
+    quantities: Any
+    weights: Any
+
+
+def _logit_of(p):
+    """``eta`` where ``p = sigmoid(eta)`` in the graph (through dimension shuffles), else None: the
+    Fisher weight of a logit, ``p (1 - p)``, stays finite where ``1 / (p (1 - p))`` would not."""
+    shuffles = []
+    while p.owner is not None and isinstance(p.owner.op, DimShuffle):
+        shuffles.append(p.owner.op)
+        p = p.owner.inputs[0]
+    if p.owner is None or not (isinstance(p.owner.op, Elemwise) and isinstance(p.owner.op.scalar_op, Sigmoid)):
+        return None
+    eta = p.owner.inputs[0]
+    for op in reversed(shuffles):
+        eta = op(eta)
+    return eta
+
+
+def _probability_term(p, count=1.0):
+    eta = _logit_of(p)
+    if eta is not None:
+        return (count * p * (1.0 - p), eta)
+    return (count / (p * (1.0 - p)), p)
+
+
+def _terms(kind, params, value, log_value):
+    """[(weight, quantity, offset)] of one variable.  ``offset`` is False for a parameter's term; for
+    the variable's own term it is None (``log_value``: the identity Jacobian) or the location of the
+    residual ``value - loc`` (the identity too unless the location moves with the position)."""
+    if kind == "NormalRV":
+        mu, sigma = params
+        return [(1.0 / sigma**2, value - mu, mu), (2.0 / sigma**2, sigma, False)]
+    if kind == "CauchyRV":
+        alpha, beta = params
+        return [(0.5 / beta**2, value - alpha, alpha), (0.5 / beta**2, beta, False)]
+    if kind == "StudentTRV":
+        nu, mu, sigma = params
+        return [((nu + 1.0) / ((nu + 3.0) * sigma**2), value - mu, mu),
+                (2.0 * nu / ((nu + 3.0) * sigma**2), sigma, False)]
+    if kind in POSITIVE:
+        scale, curvature = {"HalfNormalRV": (params[-1], 2.0), "HalfCauchyRV": (params[-1], 0.5),
+                            "ExponentialRV": (params[0], 1.0)}[kind]
+        fisher = {"HalfNormalRV": 2.0, "HalfCauchyRV": 0.5, "ExponentialRV": 1.0}[kind] / scale**2
+        terms = [(fisher, scale, False)]
+        if log_value is not None:
+            terms.append((pt.as_tensor_variable(curvature), log_value, None))
+        return terms
+    if kind == "BernoulliRV":
+        return [(*_probability_term(params[0]), False)]
+    if kind == "BinomialRV":
+        n, p = params
+        return [(*_probability_term(p, n), False)]
+    if kind == "PoissonRV":
+        return [(1.0 / params[0], params[0], False)]
+    raise AssertionError(kind)
+
+
+def _depends_on(expression, variables) -> bool:
+    wanted = set(variables)
+    return any(v in wanted for v in ancestors([pt.as_tensor_variable(expression)]))
+
+
+def fisher_parts(model, vars) -> FisherParts:
+    """The metric's parts for the step's value variables ``vars`` of ``model``; a ``ValueError`` names
+    any variable whose distribution (or transform) the metric has no Fisher information for."""
+    own = {v: None for v in vars}
+    covered = set()  # variables whose own term is in (on the diagonal, or with the Jacobian terms)
+    weights, quantities = [], []
+    for rv in model.free_RVs + model.observed_RVs:
+        kind = type(rv.owner.op).__name__
+        free = rv in model.free_RVs
+        transform = model.rvs_to_transforms.get(rv)
+        supported = kind in REAL + POSITIVE or (kind in OBSERVED_ONLY and not free)
+        expected = LogTransform if kind in POSITIVE else type(None)
+        if not supported or (free and not isinstance(transform, expected)):
+            what = "distribution" if not supported else f"transform {type(transform).__name__}"
+            raise ValueError(
+                f"metric='fisher' has no Fisher information for {'free' if free else 'observed'} variable "
+                f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, HalfNormal, HalfCauchy and "
+                "Exponential variables with their default transforms, and observed Bernoulli, Binomial and "
+                "Poisson. Use metric=None (SoftAbs) or pass your own metric callable."
+            )
+        params = model.replace_rvs_by_values(rv.owner.op.dist_params(rv.owner))
+        value = model.rvs_to_values[rv]
+        shape = pt.as_tensor_variable(value).shape  # not rv.shape: that graph holds the random variable
+        for weight, quantity, offset in _terms(kind, params, value, value if kind in POSITIVE and free else None):
+            weight = pt.broadcast_to(pt.as_tensor_variable(weight), shape)
+            if free and offset is not False and value in own:  # the variable's own term
+                covered.add(value)
+                if offset is None or not _depends_on(offset, vars):  # its Jacobian is the identity
+                    own[value] = weight if own[value] is None else own[value] + weight
+                    continue
+            if not _depends_on(quantity, vars):
+                continue  # a fixed parameter: zero Jacobian rows
+            weights.append(weight.ravel())
+            quantities.append(pt.broadcast_to(pt.as_tensor_variable(quantity), shape).ravel())
+    missing = [v.name for v in vars if v not in covered]
+    if missing:  # every supported free variable has an own term; this guards the metric's definiteness
+        raise ValueError(f"metric='fisher' found no own term for {missing}.")
+    own_diagonal = pt.concatenate([pt.zeros_like(v, dtype="float64").ravel() if own[v] is None
+                                   else pt.cast(pt.broadcast_to(own[v], v.shape), "float64").ravel() for v in vars])
+    if not quantities:
+        empty = pt.zeros((0,), dtype="float64")
+        return FisherParts(own_diagonal, empty, empty)
+    return FisherParts(own_diagonal, pt.cast(pt.concatenate(quantities), "float64"),
+                       pt.cast(pt.concatenate(weights), "float64"))
+
+
+def assemble_fisher(parts: FisherParts, flat, jacobian, diagonal: bool):
+    """``diag(own) + J^T diag(w) J`` (or its diagonal) from the parts as functions of the flat position."""
+    if parts.quantities.type.shape[0] == 0:
+        return parts.own_diagonal if diagonal else pt.diag(parts.own_diagonal)
+    J = jacobian(parts.quantities, flat)  # (M, d)
+    if diagonal:
+        return parts.own_diagonal + pt.sum(parts.weights[:, None] * J**2, axis=0)
+    return pt.diag(parts.own_diagonal) + J.T @ (parts.weights[:, None] * J)

@@ -1,0 +1,146 @@
+"""PyMC's ``AdaptiveRMHMC(metric="fisher" | "diagonal_fisher")``: the model's expected Fisher information.
+
+The metric equals the hand-written ones it generalizes (the funnel's, the paper's logistic
+regression), its derivative equals finite differences, unsupported variables raise before sampling,
+and ``pm.sample`` draws a small hierarchical model within Monte Carlo error (STYLE.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+import pytensor.tensor as pt  # noqa: E402
+
+from ahmc.adapters.pymc import AdaptiveRMHMC  # noqa: E402
+from tests.reference import assert_moments_match  # noqa: E402
+
+QUIET = dict(progressbar=False, compute_convergence_checks=False)
+
+
+def funnel():
+    with pm.Model() as model:
+        v = pm.Normal("v", 0.0, 3.0)
+        pm.Normal("x", 0.0, pt.exp(v / 2), shape=9)
+    return model
+
+
+@pytest.mark.parametrize("metric", ["fisher", "diagonal_fisher"])
+def test_funnel_metric_and_its_derivative(metric):
+    """diag(1/9 + 9/2, exp(-v), ...) with dG/dv = -exp(-v) on the x entries (finite differences)."""
+    with funnel():
+        step = AdaptiveRMHMC(metric=metric)
+    x = np.r_[0.7, np.random.default_rng(0).normal(size=9)]
+    _, _, matrix, derivative = step._geometry_function(x)
+    np.testing.assert_allclose(matrix, np.diag(np.r_[1 / 9 + 4.5, np.full(9, np.exp(-0.7))]), rtol=1e-8, atol=1e-12)
+    h = 1e-6
+    for k in (0, 3):
+        e = np.eye(10)[k]
+        numeric = (step._geometry_function(x + h * e)[2] - step._geometry_function(x - h * e)[2]) / (2 * h)
+        np.testing.assert_allclose(derivative[k], numeric, atol=1e-8)
+
+
+def test_logistic_regression_metric_is_the_papers_and_stays_finite_at_saturated_logits():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(40, 3))
+    y = (rng.uniform(size=40) < 0.5).astype(float)
+    with pm.Model():
+        beta = pm.Normal("beta", 0.0, 10.0, shape=3)
+        pm.Bernoulli("y", logit_p=pt.as_tensor_variable(X) @ beta, observed=y)
+        step = AdaptiveRMHMC(metric="fisher")
+    for beta_value in (rng.normal(size=3), np.array([80.0, -60.0, 40.0])):  # the second saturates sigmoid
+        s = 1.0 / (1.0 + np.exp(-X @ beta_value))
+        expected = (X.T * (s * (1.0 - s))) @ X + np.eye(3) / 100.0
+        np.testing.assert_allclose(step._geometry_function(beta_value)[2], expected, rtol=1e-8, atol=1e-12)
+
+
+def test_a_childs_residual_ties_it_to_its_parents_location():
+    """mu ~ N(0, 1), x_i ~ N(mu, 0.5): the exact expected Hessian, here the posterior precision,
+    [[1 + 2 * 4, -4, -4], [-4, 4, 0], [-4, 0, 4]] (constant, so the derivative is zero)."""
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.Normal("x", mu, 0.5, shape=2)
+        step = AdaptiveRMHMC(metric="fisher")
+    _, _, matrix, derivative = step._geometry_function(np.array([0.3, -1.0, 2.0]))
+    np.testing.assert_allclose(matrix, [[9.0, -4.0, -4.0], [-4.0, 4.0, 0.0], [-4.0, 0.0, 4.0]], atol=1e-12)
+    np.testing.assert_allclose(derivative, 0.0, atol=1e-12)
+
+
+def test_unsupported_variables_raise_before_sampling():
+    with pm.Model():
+        pm.Gamma("rate", 2.0, 1.0)
+        with pytest.raises(ValueError, match="free variable 'rate' \\(GammaRV, distribution\\)"):
+            AdaptiveRMHMC(metric="fisher")
+    with pm.Model():
+        pm.HalfNormal("scale", 1.0, default_transform=None)
+        with pytest.raises(ValueError, match="'scale' \\(HalfNormalRV, transform NoneType\\)"):
+            AdaptiveRMHMC(metric="diagonal_fisher")
+    with pm.Model():
+        pm.Normal("x", 0.0, 1.0)
+        with pytest.raises(ValueError, match="\"fisher\""):
+            AdaptiveRMHMC(metric="fischer")
+
+
+def test_hierarchical_model_moments():
+    """s ~ HalfNormal(1), mu ~ N(0, 1), x_i | mu, s ~ N(mu, s), i = 1..3 (a small funnel): log s has mean
+    -(gamma + log 2)/2 and sd pi/sqrt(8), mu ~ N(0, 1), x_i ~ N(0, sd sqrt(2))."""
+    with pm.Model():
+        s = pm.HalfNormal("s", 1.0)
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.Normal("x", mu, s, shape=3)
+        idata = pm.sample(step=AdaptiveRMHMC(metric="fisher"), tune=500, draws=1500, chains=4, cores=1,
+                          random_seed=5, **QUIET)
+    post = idata.posterior
+    assert_moments_match(np.log(post["s"].values), -(np.euler_gamma + math.log(2.0)) / 2.0, math.pi / math.sqrt(8.0))
+    assert_moments_match(post["mu"].values, 0.0, 1.0)
+    assert_moments_match(post["x"].values, np.zeros(3), np.full(3, math.sqrt(2.0)))
+    assert idata.sample_stats["fixed_point_converged"].values.mean() > 0.9
+
+
+# Each family as a child of a standard normal parent theta, in PyMC and in NumPyro (whose weights
+# tests/adapters/test_numpyro_fisher.py checks against Monte Carlo averages).
+FAMILIES = {
+    "Normal": (lambda t: pm.Normal("b_child", t, pt.exp(0.5 * t)),
+               lambda d, t: d.Normal(t, np.exp(0.5) ** t)),
+    "Cauchy": (lambda t: pm.Cauchy("b_child", t, pt.exp(t)), lambda d, t: d.Cauchy(t, np.e ** t)),
+    "StudentT": (lambda t: pm.StudentT("b_child", nu=4.0, mu=0.3 * t, sigma=pt.exp(t)),
+                 lambda d, t: d.StudentT(4.0, 0.3 * t, np.e ** t)),
+    "HalfNormal": (lambda t: pm.HalfNormal("b_child", pt.exp(t)), lambda d, t: d.HalfNormal(np.e ** t)),
+    "HalfCauchy": (lambda t: pm.HalfCauchy("b_child", pt.exp(t)), lambda d, t: d.HalfCauchy(np.e ** t)),
+    "Exponential": (lambda t: pm.Exponential("b_child", pt.exp(t)), lambda d, t: d.Exponential(np.e ** t)),
+    "Bernoulli": (lambda t: pm.Bernoulli("b_child", logit_p=t, observed=[0.0, 1.0]),
+                  lambda d, t: d.Bernoulli(logits=t * np.ones(2))),
+    "Binomial": (lambda t: pm.Binomial("b_child", n=7, p=pm.math.sigmoid(t), observed=[3.0, 5.0]),
+                 lambda d, t: d.Binomial(7, probs=1.0 / (1.0 + np.e ** -t) * np.ones(2))),
+    "Poisson": (lambda t: pm.Poisson("b_child", pt.exp(t), observed=[2.0, 0.0]),
+                lambda d, t: d.Poisson(np.e ** t * np.ones(2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_matches_the_numpyro_metric(name):
+    numpyro = pytest.importorskip("numpyro")
+    import jax
+    import numpyro.distributions as dist
+
+    from ahmc.adapters.numpyro import model_fisher_metric
+
+    pymc_child, numpyro_child = FAMILIES[name]
+    observed = name in ("Bernoulli", "Binomial", "Poisson")
+    with pm.Model():
+        theta = pm.Normal("a_theta", 0.0, 1.0)
+        pymc_child(theta)
+        step = AdaptiveRMHMC(metric="fisher")
+    position = np.array([0.4]) if observed else np.array([0.4, -0.3])
+    data = {"Bernoulli": [0.0, 1.0], "Binomial": [3.0, 5.0], "Poisson": [2.0, 0.0]}.get(name)
+
+    def model():
+        t = numpyro.sample("a_theta", dist.Normal(0.0, 1.0))
+        numpyro.sample("b_child", numpyro_child(dist, t), obs=None if data is None else jax.numpy.asarray(data))
+
+    with jax.enable_x64(True):
+        expected = np.asarray(model_fisher_metric(model)(jax.numpy.asarray(position)))
+    np.testing.assert_allclose(step._geometry_function(position)[2], expected, rtol=1e-8)
