@@ -24,10 +24,12 @@ real support, ``log`` for positive support):
   ``value - loc`` with the location's Fisher weight, and the scale with the
   scale's.  For these families this is the exact expected Hessian of
   ``-log p`` in ``(value, loc, scale)`` (a StudentT's ``df`` gets no term);
-* positive families (HalfNormal, HalfCauchy, Exponential): the expected
-  curvature of ``-log p`` in ``log value`` (2, 1/2, 1), and the parameter's
-  Fisher information (their cross term is left out: with it the matrix need
-  not be positive definite);
+* positive families (HalfNormal, HalfCauchy, Exponential, Gamma): the expected
+  curvature of ``-log p`` in ``log value`` (2, 1/2, 1, the concentration), and
+  the parameters' Fisher information (Gamma's as a 2 x 2 block; the cross
+  terms with the value are left out: with them the matrix need not be
+  positive definite); LogNormal, which in ``log value`` is a Normal, as a
+  location-scale family;
 * observed Bernoulli, Binomial, Poisson: the Fisher information of logits,
   probabilities or rate.
 
@@ -44,6 +46,7 @@ import jax.numpy as jnp
 import numpyro.distributions as dist
 from jax.extend import core as jex_core
 from jax.flatten_util import ravel_pytree
+from jax.scipy.special import polygamma
 from numpyro.distributions.distribution import ExpandedDistribution, Independent, MaskedDistribution
 from numpyro.handlers import substitute, trace
 from numpyro.infer.util import constrain_fn, initialize_model
@@ -57,12 +60,15 @@ class Term(NamedTuple):
     """``weight * grad q grad q^T`` with ``q = quantity``.  For a latent site's own term (``own``),
     ``q = u - offset`` with ``u`` the site's unconstrained value; when ``offset`` does not depend on the
     position (or is None), ``grad q`` is the identity on the site's coordinates and the term adds
-    ``weight`` to the metric's diagonal there, with no autodiff."""
+    ``weight`` to the metric's diagonal there, with no autodiff.  A ``block`` term carries a
+    distribution's whole ``(k, k)`` Fisher matrix over its ``k`` parameters (Gamma's, whose
+    parameters are correlated)."""
 
     weight: Any
     quantity: Any
     own: bool = False
     offset: Any = None
+    block: bool = False  # weight (..., k, k), quantity (..., k): a k-parameter Fisher block
 
 
 def _location_scale(loc_weight, scale_weight):
@@ -87,6 +93,23 @@ def _positive(log_value_curvature, parameter, fisher):
             out.append(Term(jnp.full(jnp.shape(log_value), log_value_curvature), log_value, True))
         return out
     return terms
+
+
+def _log_normal_terms(d, value, log_value):
+    """LogNormal: in log(value) it is Normal(loc, scale), residual and scale as for the Normal."""
+    log_value = jnp.log(value) if log_value is None else log_value
+    return [Term(1.0 / d.scale**2, log_value - d.loc, True, d.loc), Term(2.0 / d.scale**2, d.scale)]
+
+
+def _gamma_terms(d, value, log_value):
+    """Gamma(concentration a, rate b): Fisher [[trigamma(a), -1/b], [-1/b, a/b^2]] over (a, b); in
+    log(value) the curvature of -log p is b value, whose expectation is a."""
+    a, b = jnp.broadcast_arrays(d.concentration, d.rate)
+    fisher = jnp.stack([jnp.stack([polygamma(1, a), -1.0 / b], -1), jnp.stack([-1.0 / b, a / b**2], -1)], -2)
+    out = [Term(fisher, jnp.stack([a, b], -1), block=True)]
+    if log_value is not None:
+        out.append(Term(a, log_value, True))
+    return out
 
 
 def _bernoulli_logits(d, value):
@@ -122,6 +145,8 @@ _POSITIVE_FAMILIES: dict[type, Callable] = {
     dist.HalfNormal: _positive(2.0, "scale", lambda s: 2.0 / s**2),
     dist.HalfCauchy: _positive(0.5, "scale", lambda s: 0.5 / s**2),
     dist.Exponential: _positive(1.0, "rate", lambda r: 1.0 / r**2),
+    dist.LogNormal: _log_normal_terms,
+    dist.Gamma: _gamma_terms,
 }
 # Observed only (discrete): terms(dist, value).
 _OBSERVED_FAMILIES: dict[type, Callable] = {
@@ -174,10 +199,15 @@ def _site_terms(name: str, site: dict, unconstrained) -> list[Term]:
     shape = jnp.shape(value)
     out = []
     for term in terms:
-        weight = term.weight if mask is True else term.weight * mask
-        if scale is not None:
-            weight = weight * scale
-        out.append(term._replace(weight=jnp.broadcast_to(weight, shape)))
+        extra = (1, 1) if term.block else ()  # a block's weight has two trailing parameter axes
+        factor = (1.0 if mask is True else mask) * (1.0 if scale is None else scale)
+        weight = term.weight * jnp.reshape(factor, jnp.shape(factor) + extra)
+        if term.block:
+            k = term.quantity.shape[-1]
+            out.append(term._replace(weight=jnp.broadcast_to(weight, shape + (k, k)),
+                                     quantity=jnp.broadcast_to(term.quantity, shape + (k,))))
+        else:
+            out.append(term._replace(weight=jnp.broadcast_to(weight, shape)))
     return out
 
 
@@ -225,17 +255,22 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
         """The diagonal of the own terms with fixed offsets, and the quantities and weights for autodiff."""
         params, terms = site_terms(flat)
         own = {name: jnp.zeros_like(value) for name, value in params.items()}
-        weights, quantities = [], []
+        weights, quantities, blocks, block_quantities = [], [], [], []
         for (name, term), moves in zip(terms, dependent, strict=True):
             if term.own and not moves:  # grad q is the identity on the site's coordinates
                 own[name] = own[name] + term.weight.astype(flat.dtype)
+            elif moves and term.block:
+                k = term.quantity.shape[-1]
+                blocks.append(jnp.reshape(term.weight, (-1, k, k)).astype(flat.dtype))
+                block_quantities.append(jnp.reshape(term.quantity, (-1, k)).astype(flat.dtype))
             elif moves:  # a constant parameter (a fixed scale, say) has zero Jacobian rows: left out
                 weights.append(jnp.ravel(_sum_to_shape(term.weight, jnp.shape(term.quantity))).astype(flat.dtype))
                 quantities.append(jnp.ravel(term.quantity).astype(flat.dtype))
         own_diagonal, _ = ravel_pytree(own)
-        if not quantities:
-            return jnp.zeros((0,), flat.dtype), (jnp.zeros((0,), flat.dtype), own_diagonal)
-        return jnp.concatenate(quantities), (jnp.concatenate(weights), own_diagonal)
+        empty = jnp.zeros((0,), flat.dtype)
+        vector = jnp.concatenate(quantities) if quantities else empty
+        vector_weights = jnp.concatenate(weights) if weights else empty
+        return (vector, block_quantities), (vector_weights, blocks, own_diagonal)
 
     return ModelFisherMetric(probe, parts, diagonal)
 
@@ -259,10 +294,17 @@ class ModelFisherMetric:
         return jax.jacfwd(lambda x: self._parts(x, dependent), has_aux=True)(flat)
 
     def __call__(self, flat):
-        jacobian, (weights, own_diagonal) = self._jacobian_and_parts(flat)  # (M, d), (M,), (d,)
+        (jacobian, block_jacobians), (weights, blocks, own_diagonal) = self._jacobian_and_parts(flat)
+        # jacobian (M, d) with weights (M,); each block's Jacobian (n, k, d) with its Fisher blocks (n, k, k)
         if self.diagonal:
-            return own_diagonal + jnp.sum(weights[:, None] * jacobian**2, axis=0)  # a reduce: XLA fuses it
-        return jnp.diag(own_diagonal) + (jacobian.T * weights) @ jacobian
+            metric = own_diagonal + jnp.sum(weights[:, None] * jacobian**2, axis=0)  # a reduce: XLA fuses it
+            for J, F in zip(block_jacobians, blocks, strict=True):
+                metric = metric + jnp.einsum("nad,nab,nbd->d", J, F, J)
+            return metric
+        metric = jnp.diag(own_diagonal) + (jacobian.T * weights) @ jacobian
+        for J, F in zip(block_jacobians, blocks, strict=True):
+            metric = metric + jnp.einsum("nad,nab,nbe->de", J, F, J)
+        return metric
 
     def riemannian(self) -> RiemannianMetric:
         if self.diagonal:

@@ -26,17 +26,21 @@ except ImportError:  # pragma: no cover
 __all__ = ["FisherParts", "fisher_parts", "assemble_fisher"]
 
 REAL = ("NormalRV", "CauchyRV", "StudentTRV")
-POSITIVE = ("HalfNormalRV", "HalfCauchyRV", "ExponentialRV")
+POSITIVE = ("HalfNormalRV", "HalfCauchyRV", "ExponentialRV", "LogNormalRV", "GammaRV")
+BLOCK = "block"  # the offset of a term that carries a (k, k) Fisher block over k stacked parameters
 OBSERVED_ONLY = ("BernoulliRV", "BinomialRV", "PoissonRV")
 
 
 class FisherParts(NamedTuple):
     """Expressions in the value variables: the own terms' diagonal over ``vars`` (flattened in their
-    order), and the quantities with their weights for the Jacobian part."""
+    order), the quantities with their weights for the Jacobian part, and the two-parameter blocks
+    (``(n, 2)`` parameters with their ``(n, 2, 2)`` Fisher matrices: Gamma's)."""
 
     own_diagonal: Any
     quantities: Any
     weights: Any
+    block_quantities: Any
+    blocks: Any
 
 
 def _logit_of(p):
@@ -75,6 +79,18 @@ def _terms(kind, params, value, log_value):
         nu, mu, sigma = params
         return [((nu + 1.0) / ((nu + 3.0) * sigma**2), value - mu, mu),
                 (2.0 * nu / ((nu + 3.0) * sigma**2), sigma, False)]
+    if kind == "LogNormalRV":  # in log(value) a Normal: residual and scale as for the Normal
+        mu, sigma = params
+        log_value = pt.log(value) if log_value is None else log_value
+        return [(1.0 / sigma**2, log_value - mu, mu), (2.0 / sigma**2, sigma, False)]
+    if kind == "GammaRV":  # PyTensor's (shape a, scale t): Fisher [[trigamma(a), 1/t], [1/t, a/t^2]]
+        a, t = pt.broadcast_arrays(*params)
+        fisher = pt.stack([pt.stack([pt.tri_gamma(a), 1.0 / t], axis=-1), pt.stack([1.0 / t, a / t**2], axis=-1)],
+                          axis=-2)
+        terms = [(fisher, pt.stack([a, t], axis=-1), BLOCK)]
+        if log_value is not None:  # in log(value) the curvature of -log p is value / t, expectation a
+            terms.append((a, log_value, None))
+        return terms
     if kind in POSITIVE:
         scale, curvature = {"HalfNormalRV": (params[-1], 2.0), "HalfCauchyRV": (params[-1], 0.5),
                             "ExponentialRV": (params[0], 1.0)}[kind]
@@ -103,7 +119,7 @@ def fisher_parts(model, vars) -> FisherParts:
     any variable whose distribution (or transform) the metric has no Fisher information for."""
     own = {v: None for v in vars}
     covered = set()  # variables whose own term is in (on the diagonal, or with the Jacobian terms)
-    weights, quantities = [], []
+    weights, quantities, blocks, block_quantities = [], [], [], []
     for rv in model.free_RVs + model.observed_RVs:
         kind = type(rv.owner.op).__name__
         free = rv in model.free_RVs
@@ -114,14 +130,20 @@ def fisher_parts(model, vars) -> FisherParts:
             what = "distribution" if not supported else f"transform {type(transform).__name__}"
             raise ValueError(
                 f"metric='fisher' has no Fisher information for {'free' if free else 'observed'} variable "
-                f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, HalfNormal, HalfCauchy and "
-                "Exponential variables with their default transforms, and observed Bernoulli, Binomial and "
-                "Poisson. Use metric=None (SoftAbs) or pass your own metric callable."
+                f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, HalfNormal, HalfCauchy, "
+                "Exponential, LogNormal and Gamma variables with their default transforms, and observed "
+                "Bernoulli, Binomial and Poisson. Use metric=None (SoftAbs) or pass your own metric callable."
             )
         params = model.replace_rvs_by_values(rv.owner.op.dist_params(rv.owner))
         value = model.rvs_to_values[rv]
-        shape = pt.as_tensor_variable(value).shape  # not rv.shape: that graph holds the random variable
+        shape = tuple(pt.as_tensor_variable(value).shape)  # not rv.shape: that graph holds the random variable
         for weight, quantity, offset in _terms(kind, params, value, value if kind in POSITIVE and free else None):
+            if isinstance(offset, str) and offset == BLOCK:
+                if _depends_on(quantity, vars):
+                    full = (*shape, 2)
+                    blocks.append(pt.broadcast_to(weight, (*full, 2)).reshape((-1, 2, 2)))
+                    block_quantities.append(pt.broadcast_to(quantity, full).reshape((-1, 2)))
+                continue
             weight = pt.broadcast_to(pt.as_tensor_variable(weight), shape)
             if free and offset is not False and value in own:  # the variable's own term
                 covered.add(value)
@@ -137,18 +159,25 @@ def fisher_parts(model, vars) -> FisherParts:
         raise ValueError(f"metric='fisher' found no own term for {missing}.")
     own_diagonal = pt.concatenate([pt.zeros_like(v, dtype="float64").ravel() if own[v] is None
                                    else pt.cast(pt.broadcast_to(own[v], v.shape), "float64").ravel() for v in vars])
-    if not quantities:
-        empty = pt.zeros((0,), dtype="float64")
-        return FisherParts(own_diagonal, empty, empty)
-    return FisherParts(own_diagonal, pt.cast(pt.concatenate(quantities), "float64"),
-                       pt.cast(pt.concatenate(weights), "float64"))
+    def joined(pieces, empty_shape):
+        if not pieces:
+            return pt.zeros(empty_shape, dtype="float64")
+        return pt.cast(pt.concatenate(pieces), "float64")
+
+    return FisherParts(own_diagonal, joined(quantities, (0,)), joined(weights, (0,)),
+                       joined(block_quantities, (0, 2)), joined(blocks, (0, 2, 2)))
 
 
 def assemble_fisher(parts: FisherParts, flat, jacobian, diagonal: bool):
-    """``diag(own) + J^T diag(w) J`` (or its diagonal) from the parts as functions of the flat position."""
-    if parts.quantities.type.shape[0] == 0:
-        return parts.own_diagonal if diagonal else pt.diag(parts.own_diagonal)
-    J = jacobian(parts.quantities, flat)  # (M, d)
-    if diagonal:
-        return parts.own_diagonal + pt.sum(parts.weights[:, None] * J**2, axis=0)
-    return pt.diag(parts.own_diagonal) + J.T @ (parts.weights[:, None] * J)
+    """``diag(own) + J^T diag(w) J + sum_n J_n^T F_n J_n`` (or its diagonal) from the parts as functions of
+    the flat position."""
+    metric = parts.own_diagonal if diagonal else pt.diag(parts.own_diagonal)
+    if parts.quantities.type.shape[0] != 0:
+        J = jacobian(parts.quantities, flat)  # (M, d)
+        metric = metric + (pt.sum(parts.weights[:, None] * J**2, axis=0) if diagonal
+                           else J.T @ (parts.weights[:, None] * J))
+    if parts.block_quantities.type.shape[0] != 0:
+        J = jacobian(parts.block_quantities.ravel(), flat).reshape((-1, 2, flat.shape[0]))  # (n, 2, d)
+        FJ = pt.sum(parts.blocks[:, :, :, None] * J[:, None, :, :], axis=2)  # (n, 2, d): F_n J_n
+        metric = metric + (pt.sum(J * FJ, axis=(0, 1)) if diagonal else pt.tensordot(J, FJ, axes=[[0, 1], [0, 1]]))
+    return metric

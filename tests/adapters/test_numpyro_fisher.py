@@ -81,6 +81,11 @@ LATENT_FAMILIES = {
     "HalfNormal": lambda t: dist.HalfNormal(jnp.exp(t)),
     "HalfCauchy": lambda t: dist.HalfCauchy(jnp.exp(t)),
     "Exponential": lambda t: dist.Exponential(jnp.exp(t)),
+    "LogNormal(loc)": lambda t: dist.LogNormal(t, 0.8),
+    "LogNormal(scale)": lambda t: dist.LogNormal(0.1, jnp.exp(t)),
+    "Gamma(concentration)": lambda t: dist.Gamma(jnp.exp(t), 2.0),
+    "Gamma(rate)": lambda t: dist.Gamma(3.0, jnp.exp(t)),
+    "Gamma(both)": lambda t: dist.Gamma(jnp.exp(t), jnp.exp(0.5 * t)),  # the block's cross term
 }
 OBSERVED_FAMILIES = {
     "BernoulliLogits": lambda t: dist.Bernoulli(logits=t),
@@ -88,6 +93,8 @@ OBSERVED_FAMILIES = {
     "BinomialLogits": lambda t: dist.Binomial(7, logits=t),
     "BinomialProbs": lambda t: dist.Binomial(7, probs=jax.nn.sigmoid(t)),
     "Poisson": lambda t: dist.Poisson(jnp.exp(t)),
+    "LogNormal": lambda t: dist.LogNormal(t, jnp.exp(0.5 * t)),
+    "Gamma": lambda t: dist.Gamma(jnp.exp(t), jnp.exp(0.5 * t)),
 }
 
 
@@ -165,11 +172,11 @@ def test_mask_and_plate_scale_weight_the_terms():
 
 
 def test_unsupported_sites_and_potential_fn_raise():
-    def gamma_prior():
-        numpyro.sample("rate", dist.Gamma(2.0, 1.0))
+    def beta_prior():
+        numpyro.sample("rate", dist.Beta(2.0, 1.0))
 
-    with pytest.raises(ValueError, match="latent site 'rate' \\(Gamma\\).*softabs"):
-        model_fisher_metric(gamma_prior)(jnp.zeros(1))
+    with pytest.raises(ValueError, match="latent site 'rate' \\(Beta\\).*softabs"):
+        model_fisher_metric(beta_prior)(jnp.zeros(1))
 
     def with_factor():
         x = numpyro.sample("x", dist.Normal(0.0, 1.0))
@@ -180,7 +187,7 @@ def test_unsupported_sites_and_potential_fn_raise():
     with pytest.raises(ValueError, match="needs `model`"):
         AdaptiveRMHMC(potential_fn=lambda z: jnp.sum(z**2), metric="fisher")
     with pytest.raises(ValueError, match="latent site 'rate'"):
-        MCMC(AdaptiveRMHMC(gamma_prior, metric="fisher"), num_warmup=5, num_samples=5,
+        MCMC(AdaptiveRMHMC(beta_prior, metric="fisher"), num_warmup=5, num_samples=5,
              progress_bar=False).run(jax.random.key(0))
 
 

@@ -71,8 +71,8 @@ def test_a_childs_residual_ties_it_to_its_parents_location():
 
 def test_unsupported_variables_raise_before_sampling():
     with pm.Model():
-        pm.Gamma("rate", 2.0, 1.0)
-        with pytest.raises(ValueError, match="free variable 'rate' \\(GammaRV, distribution\\)"):
+        pm.Beta("rate", 2.0, 1.0)
+        with pytest.raises(ValueError, match="free variable 'rate' \\(BetaRV, distribution\\)"):
             AdaptiveRMHMC(metric="fisher")
     with pm.Model():
         pm.HalfNormal("scale", 1.0, default_transform=None)
@@ -111,6 +111,12 @@ FAMILIES = {
     "HalfNormal": (lambda t: pm.HalfNormal("b_child", pt.exp(t)), lambda d, t: d.HalfNormal(np.e ** t)),
     "HalfCauchy": (lambda t: pm.HalfCauchy("b_child", pt.exp(t)), lambda d, t: d.HalfCauchy(np.e ** t)),
     "Exponential": (lambda t: pm.Exponential("b_child", pt.exp(t)), lambda d, t: d.Exponential(np.e ** t)),
+    "LogNormal": (lambda t: pm.LogNormal("b_child", t, pt.exp(0.5 * t)),
+                  lambda d, t: d.LogNormal(t, np.exp(0.5) ** t)),
+    "Gamma": (lambda t: pm.Gamma("b_child", pt.exp(t), pt.exp(0.5 * t)),
+              lambda d, t: d.Gamma(np.e ** t, np.exp(0.5) ** t)),
+    "Gamma(observed)": (lambda t: pm.Gamma("b_child", pt.exp(t), pt.exp(0.5 * t), observed=[0.7, 2.0]),
+                        lambda d, t: d.Gamma(np.e ** t * np.ones(2), np.exp(0.5) ** t)),
     "Bernoulli": (lambda t: pm.Bernoulli("b_child", logit_p=t, observed=[0.0, 1.0]),
                   lambda d, t: d.Bernoulli(logits=t * np.ones(2))),
     "Binomial": (lambda t: pm.Binomial("b_child", n=7, p=pm.math.sigmoid(t), observed=[3.0, 5.0]),
@@ -129,13 +135,14 @@ def test_each_family_matches_the_numpyro_metric(name):
     from ahmc.adapters.numpyro import model_fisher_metric
 
     pymc_child, numpyro_child = FAMILIES[name]
-    observed = name in ("Bernoulli", "Binomial", "Poisson")
+    observed = name in ("Bernoulli", "Binomial", "Poisson", "Gamma(observed)")
     with pm.Model():
         theta = pm.Normal("a_theta", 0.0, 1.0)
         pymc_child(theta)
         step = AdaptiveRMHMC(metric="fisher")
     position = np.array([0.4]) if observed else np.array([0.4, -0.3])
-    data = {"Bernoulli": [0.0, 1.0], "Binomial": [3.0, 5.0], "Poisson": [2.0, 0.0]}.get(name)
+    data = {"Bernoulli": [0.0, 1.0], "Binomial": [3.0, 5.0], "Poisson": [2.0, 0.0],
+            "Gamma(observed)": [0.7, 2.0]}.get(name)
 
     def model():
         t = numpyro.sample("a_theta", dist.Normal(0.0, 1.0))
