@@ -199,9 +199,11 @@ def _site_terms(name: str, site: dict, unconstrained) -> list[Term]:
     shape = jnp.shape(value)
     out = []
     for term in terms:
-        extra = (1, 1) if term.block else ()  # a block's weight has two trailing parameter axes
-        factor = (1.0 if mask is True else mask) * (1.0 if scale is None else scale)
-        weight = term.weight * jnp.reshape(factor, jnp.shape(factor) + extra)
+        weight = term.weight
+        if mask is not True or scale is not None:
+            factor = (1.0 if mask is True else mask) * (1.0 if scale is None else scale)
+            extra = (1, 1) if term.block else ()  # a block's weight has two trailing parameter axes
+            weight = weight * jnp.reshape(factor, jnp.shape(factor) + extra)
         if term.block:
             k = term.quantity.shape[-1]
             out.append(term._replace(weight=jnp.broadcast_to(weight, shape + (k, k)),
