@@ -114,10 +114,60 @@ def funnel_numpyro_model(dim: int = 10):
     return model
 
 
+EIGHT_SCHOOLS_Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+EIGHT_SCHOOLS_SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+
+
+def eight_schools_centered_numpyro():
+    """Eight schools, *centered* (theta_j ~ N(mu, tau)): the funnel between tau and the theta's that the
+    non-centered posteriordb version removes. Same posterior, so its reference scores the draws."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    def model():
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+        theta = numpyro.sample("theta", dist.Normal(mu, tau).expand([8]))
+        numpyro.sample("y", dist.Normal(theta, EIGHT_SCHOOLS_SIGMA), obs=EIGHT_SCHOOLS_Y)
+
+    return model
+
+
+def eight_schools_centered_model() -> Model:
+    """The flat log density NumPyro gives the centered model: position (mu, log tau, theta_1..8)."""
+    import jax
+    from jax.flatten_util import ravel_pytree
+    from numpyro.infer.util import initialize_model
+
+    info = initialize_model(jax.random.key(0), eight_schools_centered_numpyro())
+    _, unravel = ravel_pytree(info.param_info.z)
+
+    def logdensity_fn(x):
+        return -info.potential_fn(unravel(x))
+
+    def derived_fn(draws):
+        return {"mu": draws[..., 0], "tau": np.exp(draws[..., 1]), "theta": draws[..., 2:]}
+
+    return Model("eight_schools_centered", logdensity_fn, 10, np.zeros(10), "eight schools, centered (NumPyro)",
+                 reference="eight_schools-eight_schools_noncentered", derived_fn=derived_fn)
+
+
+NUMPYRO_MODELS = {"funnel": lambda model: funnel_numpyro_model(model.dim),
+                  "eight_schools_centered": lambda model: eight_schools_centered_numpyro()}
+
+
+def build_model(name: str) -> Model:
+    if name == "funnel":
+        return funnel_model()
+    if name == "eight_schools_centered":
+        return eight_schools_centered_model()
+    return get_model(name)
+
+
 def metric_for(name: str):
     from ahmc.adapters.blackjax import fisher_logistic_metric
 
-    if name == "funnel":
+    if name in ("funnel", "eight_schools_centered"):
         return "softabs"
     features, _, _ = LOGISTIC[name]()
     design = np.column_stack([np.ones(len(features)), standardize(np.asarray(features, dtype=np.float64))])
@@ -282,15 +332,15 @@ def _armhmc_diagonal_softabs(rng_key, model, positions, num_warmup, num_samples,
 
 
 def _armhmc_diagonal_fisher(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
-    """ARMHMC on the funnel with the metric ``AdaptiveRMHMC(model, metric="diagonal_fisher")`` builds from
-    the NumPyro model's sites (``model_fisher_metric(model, diagonal=True)``): nothing from the user."""
+    """ARMHMC with the metric ``AdaptiveRMHMC(model, metric="diagonal_fisher")`` builds from the NumPyro
+    model's sites (``model_fisher_metric(model, diagonal=True)``): nothing from the user."""
     from ahmc.adapters.numpyro import model_fisher_metric
 
     del metric
-    if model.name != "funnel":
-        raise ValueError("armhmc_diagonal_fisher runs on the funnel (its NumPyro model is defined here)")
+    if model.name not in NUMPYRO_MODELS:
+        raise ValueError(f"armhmc_diagonal_fisher needs a NumPyro model: {', '.join(NUMPYRO_MODELS)}")
     return run_armhmc(rng_key, model, positions, num_warmup, num_samples,
-                      model_fisher_metric(funnel_numpyro_model(model.dim), diagonal=True), **options)
+                      model_fisher_metric(NUMPYRO_MODELS[model.name](model), diagonal=True), **options)
 
 
 def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
@@ -332,7 +382,8 @@ SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armh
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
 PLAN = {"pima": LOGISTIC_PLAN, "ripley": LOGISTIC_PLAN, "breast_cancer": LOGISTIC_PLAN,
-        "funnel": ("armhmc", "armhmc_fisher", "blackjax_nuts", "blackjax_nuts_sequential")}
+        "funnel": ("armhmc", "armhmc_fisher", "blackjax_nuts", "blackjax_nuts_sequential"),
+        "eight_schools_centered": ("armhmc_diagonal_fisher", "armhmc", "blackjax_nuts_sequential")}
 
 
 def funnel_features(draws: np.ndarray) -> np.ndarray:
@@ -374,7 +425,7 @@ def run(args) -> dict[str, Any]:
         "funnel_ess_of": "v and log|x_i|", "sampler_options": getattr(args, "sampler_options", {}),
     }, "runs": {}}
     for name in args.models:
-        model = funnel_model() if name == "funnel" else get_model(name)
+        model = build_model(name)
         positions = initial_positions(model, args.chains, args.seed)
         metric = metric_for(name)
         armhmc_first_draws = None
@@ -396,6 +447,12 @@ def run(args) -> dict[str, Any]:
             summary["timing"], summary["extra"] = out.timing, out.extra
             if name == "funnel":
                 summary["truth_z"] = funnel_truth_z(draws)
+            elif model.reference is not None:
+                from .run import model_checks
+
+                checks = model_checks(model, out.draws)
+                summary["reference_z"] = {key: checks.get(key, math.nan)
+                                          for key in ("max_abs_z_reference", "max_abs_z_reference_sq")}
             results["runs"].setdefault(name, {})[sampler] = summary
             print(f"  min ESS {summary['ess_bulk']['min']:.0f}, per unit {summary['ess_per_grad']['min']:.4f}, "
                   f"per s {summary['ess_per_second']['min']:.1f}, {out.extra}", flush=True)
@@ -521,7 +578,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         "| accept | solves converged | R-hat max | divergences |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    truth_lines = []
+    truth_lines, reference_lines = [], []
     for name, runs in results["runs"].items():
         for sampler, r in runs.items():
             extra = r["extra"]
@@ -536,6 +593,14 @@ def markdown(results: dict[str, Any], command: str) -> str:
             if "truth_z" in r:
                 truth_lines.append(f"| {name} | {sampler} | {r['truth_z']['max_abs_z_mean']:.2f} "
                                    f"| {r['truth_z']['abs_z_var_v']:.2f} |")
+            if "reference_z" in r:
+                reference_lines.append(f"| {name} | {sampler} | {r['reference_z']['max_abs_z_reference']:.2f} "
+                                       f"| {r['reference_z']['max_abs_z_reference_sq']:.2f} |")
+    if reference_lines:
+        lines += ["", "Against the posteriordb reference (eight schools: the non-centered posterior, the same "
+                  "distribution of mu, tau and theta):", "",
+                  "| model | sampler | max abs z of the means | max abs z of the mean squares |", "|---|---|---|---|",
+                  *reference_lines]
     if truth_lines:
         lines += ["", "Against the funnel's exact moments (|z| above 4 means the sampler has not explored "
                   "the target, whatever its ESS says):", "",

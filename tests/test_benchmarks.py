@@ -1141,3 +1141,45 @@ def test_rhat_budget_plans_draws_from_the_best_nuts_gradients_and_tables_the_rer
     row = table(results, [str(rerun)]).splitlines()[-1]
     assert row == ("| gauss | ahmc_blackjax | 1000 / 4400 | 1.000x | 1.021 / **1.004** | 500 / 2200 | "
                    "blackjax_nuts: 1000, 1.003, 500 |")
+
+
+def test_centered_eight_schools_density_and_reference_scoring(monkeypatch, tmp_path):
+    """The RMHMC benchmark's centered eight schools: NumPyro's flat log density (mu, log tau, theta) equals
+    the model written out (up to a constant), and its runs are scored against the non-centered reference."""
+    pytest.importorskip("numpyro")
+    import jax
+    from scipy import stats
+
+    from benchmarks import rmhmc
+    from benchmarks.samplers import SamplerRun
+
+    model = rmhmc.eight_schools_centered_model()
+
+    def by_hand(x):
+        mu, tau, theta = x[0], np.exp(x[1]), x[2:]
+        return (stats.norm.logpdf(mu, 0, 5) + stats.halfcauchy.logpdf(tau, scale=5) + x[1]
+                + stats.norm.logpdf(theta, mu, tau).sum()
+                + stats.norm.logpdf(rmhmc.EIGHT_SCHOOLS_Y, theta, rmhmc.EIGHT_SCHOOLS_SIGMA).sum())
+
+    with jax.enable_x64(True):
+        points = np.random.default_rng(2).normal(size=(3, 10))
+        ours = [float(model.logdensity_fn(jax.numpy.asarray(p))) for p in points]
+    np.testing.assert_allclose(np.diff(ours), np.diff([by_hand(p) for p in points]), rtol=1e-9)
+
+    def near_reference(rng_key, model, positions, num_warmup, num_samples, metric, **options):
+        rng = np.random.default_rng(0)  # draws around the reference means: tau 3.6, mu 4.4, theta 3.6-6.3
+        centre = np.r_[4.41, np.log(3.6), [6.15, 4.94, 3.91, 4.80, 3.61, 4.05, 6.32, 4.88]]
+        draws = centre + 0.01 * rng.normal(size=(positions.shape[0], num_samples, 10))
+        ones = np.full(positions.shape[0], num_samples)
+        return SamplerRun(draws=draws, num_grads_warmup=ones, num_grads_sampling=ones,
+                          num_divergent_warmup=0 * ones, num_divergent_sampling=0 * ones,
+                          timing={"warmup_s": 1.0, "sampling_s": 1.0}, extra={})
+
+    monkeypatch.setattr(rmhmc, "SAMPLERS", {"armhmc": near_reference})
+    monkeypatch.setattr(rmhmc, "MODES", {"quick": (10, 200), "full": (10, 200)})
+    out = tmp_path / "e.json"
+    results = rmhmc.main(["--quick", "--models", "eight_schools_centered", "--samplers", "armhmc", "--output", str(out)])
+    z = results["runs"]["eight_schools_centered"]["armhmc"]["reference_z"]
+    assert z["max_abs_z_reference"] < 4  # means at the reference's: small z
+    assert z["max_abs_z_reference_sq"] > 4  # a spread of 0.01 misses the posterior's mean squares
+    assert "Against the posteriordb reference" in out.with_suffix(".md").read_text()
