@@ -212,3 +212,29 @@ def test_numpyro_kernel_samples_a_hierarchical_model(metric):
     assert_moments_match(np.asarray(draws["mu"]), 0.0, 1.0)
     assert_moments_match(np.asarray(draws["x"]), np.zeros(3), np.full(3, math.sqrt(2.0)))
     assert np.mean(mcmc.get_extra_fields()["fixed_point_converged"]) > 0.9
+
+
+def test_affine_quantities_take_a_constant_jacobian_and_give_the_same_metric(monkeypatch):
+    """Quantities affine in the position (residuals such as y_j - theta_j, logits X beta) skip autodiff at
+    run time; the metric and its derivative are those of the all-autodiff route."""
+    from ahmc.adapters import _numpyro_fisher
+
+    kinds = _numpyro_fisher._affine_outputs(
+        lambda x: [2.0 * x[:2] - 1.0, jnp.exp(x[0]), x[0] * x[1], x[1:] / 3.0, jnp.split(x, 3)[0] @ jnp.ones(1)],
+        jnp.zeros(3))
+    assert kinds == [True, False, False, True, True]
+
+    def centered(y=np.array([28.0, 8.0, -3.0]), sigma=np.array([15.0, 10.0, 16.0])):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+        theta = numpyro.sample("theta", dist.Normal(mu, tau).expand([3]))
+        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+    x = jnp.asarray(np.random.default_rng(3).normal(size=5))
+    fast = {d: model_fisher_metric(centered, diagonal=d) for d in (True, False)}
+    monkeypatch.setattr(_numpyro_fisher, "_affine_outputs", lambda fn, flat: [False] * len(fn(flat)))
+    plain = {d: model_fisher_metric(centered, diagonal=d) for d in (True, False)}
+    assert fast[True]._route(x)[1] != plain[True]._route(x)[1]  # the residuals took the constant route
+    for d in (True, False):
+        np.testing.assert_allclose(fast[d](x), plain[d](x), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(jax.jacfwd(fast[d])(x), jax.jacfwd(plain[d])(x), rtol=1e-10, atol=1e-12)
