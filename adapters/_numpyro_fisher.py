@@ -213,17 +213,6 @@ def _site_terms(name: str, site: dict, unconstrained) -> list[Term]:
     return out
 
 
-def _depends_on_input(fn: Callable, flat) -> list[bool]:
-    """Which outputs of ``fn(flat)`` (a list of arrays) depend on ``flat``: data flow through its jaxpr
-    (exact for what matters here; an operation with any dependent input counts all its outputs)."""
-    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(flat.shape, flat.dtype))
-    dependent = set(closed.jaxpr.invars)
-    for eqn in closed.jaxpr.eqns:
-        if any(isinstance(v, jex_core.Var) and v in dependent for v in eqn.invars):
-            dependent.update(eqn.outvars)
-    return [isinstance(v, jex_core.Var) and v in dependent for v in closed.jaxpr.outvars]
-
-
 # Primitives linear in each input (affine given constant inputs), and those linear in one input when the
 # others are constant.  Anything else with a position-dependent input makes its outputs nonlinear.
 _LINEAR = {"add", "sub", "neg", "convert_element_type", "reshape", "squeeze", "broadcast_in_dim", "slice",
@@ -232,11 +221,17 @@ _LINEAR = {"add", "sub", "neg", "convert_element_type", "reshape", "squeeze", "b
 _LINEAR_IN_ONE = {"mul", "dot_general"}
 
 
-def _affine_outputs(fn: Callable, flat) -> list[bool]:
-    """Which outputs of ``fn(flat)`` are affine in ``flat`` (so their Jacobian is constant): data flow
-    through its jaxpr with each operation's linearity; unknown operations count as nonlinear."""
+def _output_kinds(fn: Callable, flat) -> list[str]:
+    """How each output of ``fn(flat)`` depends on ``flat``: "const", "affine" (a constant Jacobian) or
+    "nonlinear", from the data flow through its jaxpr and each operation's linearity (an unknown
+    operation with a position-dependent input counts as nonlinear)."""
     closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(flat.shape, flat.dtype))
-    return [kind != "nonlinear" for kind in _kinds(closed.jaxpr, ["affine"] * len(closed.jaxpr.invars))]
+    return _kinds(closed.jaxpr, ["affine"] * len(closed.jaxpr.invars))
+
+
+def _affine_outputs(fn: Callable, flat) -> list[bool]:
+    """Which outputs of ``fn(flat)`` are affine in ``flat`` (constants count as affine)."""
+    return [kind != "nonlinear" for kind in _output_kinds(fn, flat)]
 
 
 def _kinds(jaxpr, invar_kinds) -> list[str]:
@@ -290,19 +285,20 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
                  for term in _site_terms(name, site, params.get(name))]
         return params, terms
 
-    def probe(flat):  # what decides a term's route: a parameter itself, an own term's offset
-        return [jnp.zeros(()) if term.own and term.offset is None else (term.offset if term.own else term.quantity)
-                for _, term in site_terms(flat)[1]]
-
-    def quantities_of(flat):
-        return [term.quantity for _, term in site_terms(flat)[1]]
+    def probe(flat):
+        """Per term, what decides whether it moves with the position (a parameter itself, an own term's
+        offset), then its quantity (whether that is affine)."""
+        terms = [term for _, term in site_terms(flat)[1]]
+        movers = [jnp.zeros(()) if term.own and term.offset is None else (term.offset if term.own else term.quantity)
+                  for term in terms]
+        return movers + [term.quantity for term in terms]
 
     def affine_quantities(flat, dependent, affine):
         """The quantities whose Jacobian is constant (residuals such as ``y_j - theta_j``), raveled."""
         _, terms = site_terms(flat)
         chosen = [jnp.ravel(term.quantity).astype(flat.dtype)
                   for (_, term), moves, flat_ok in zip(terms, dependent, affine, strict=True)
-                  if moves and flat_ok and not term.block and not (term.own and not moves)]
+                  if moves and flat_ok and not term.block]
         return jnp.concatenate(chosen) if chosen else jnp.zeros((0,), flat.dtype)
 
     def parts(flat, dependent, affine):
@@ -331,7 +327,7 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
         affine_vector_weights = jnp.concatenate(affine_weights) if affine_weights else empty
         return (vector, block_quantities), (vector_weights, blocks, own_diagonal, affine_vector_weights)
 
-    return ModelFisherMetric(probe, quantities_of, affine_quantities, parts, diagonal)
+    return ModelFisherMetric(probe, affine_quantities, parts, diagonal)
 
 
 class ModelFisherMetric:
@@ -340,18 +336,17 @@ class ModelFisherMetric:
     diagonal route with the metric's Jacobian by reverse mode (5x less time per metric value than
     forward-over-forward on the 10-d funnel)."""
 
-    def __init__(self, probe: Callable, quantities: Callable, affine_quantities: Callable, parts: Callable,
-                 diagonal: bool):
+    def __init__(self, probe: Callable, affine_quantities: Callable, parts: Callable, diagonal: bool):
         self.diagonal = bool(diagonal)
-        self._probe, self._quantities, self._affine_quantities, self._parts = probe, quantities, affine_quantities, parts
+        self._probe, self._affine_quantities, self._parts = probe, affine_quantities, parts
         self._routes = {}  # (shape, dtype) -> which terms move, which are affine (static per model)
 
     def _route(self, flat):
         key = (flat.shape, str(flat.dtype))
         if key not in self._routes:
-            dependent = _depends_on_input(self._probe, flat)
-            affine = _affine_outputs(self._quantities, flat)
-            self._routes[key] = (dependent, affine)
+            kinds = _output_kinds(self._probe, flat)
+            half = len(kinds) // 2
+            self._routes[key] = ([k != "const" for k in kinds[:half]], [k != "nonlinear" for k in kinds[half:]])
         return self._routes[key]
 
     def _affine_jacobian(self, flat, dependent, affine):

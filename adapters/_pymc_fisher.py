@@ -92,10 +92,11 @@ def _terms(kind, params, value, log_value):
             terms.append((a, log_value, None))
         return terms
     if kind in POSITIVE:
-        scale, curvature = {"HalfNormalRV": (params[-1], 2.0), "HalfCauchyRV": (params[-1], 0.5),
-                            "ExponentialRV": (params[0], 1.0)}[kind]
-        fisher = {"HalfNormalRV": 2.0, "HalfCauchyRV": 0.5, "ExponentialRV": 1.0}[kind] / scale**2
-        terms = [(fisher, scale, False)]
+        # (scale's Fisher coefficient c: weight c / scale^2; the curvature of -log p in log(value))
+        coefficient, curvature = {"HalfNormalRV": (2.0, 2.0), "HalfCauchyRV": (0.5, 0.5),
+                                  "ExponentialRV": (1.0, 1.0)}[kind]
+        scale = params[-1]  # HalfNormal (loc, sigma), HalfCauchy (beta), Exponential (scale)
+        terms = [(coefficient / scale**2, scale, False)]
         if log_value is not None:
             terms.append((pt.as_tensor_variable(curvature), log_value, None))
         return terms

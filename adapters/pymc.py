@@ -1002,30 +1002,25 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
     """
     model, shared = step._model, step._logp_dlogp_func
     givens = [(var, shared._extra_vars_shared[var.name]) for var in shared._extra_vars]
-    cost = rewrite_pregrad(model.logp())
-    (cost,), flat = join_nonshared_inputs(point=initial_point, outputs=[cost], inputs=step.vars,
-                                          make_inputs_shared=False)
+    model_metric = isinstance(metric, str) and metric in MODEL_METRICS
+    # The model's Fisher metric is built on the value variables, joined into the flat position with the cost.
+    parts = fisher_parts(model, step.vars) if model_metric else ()
+    (cost, *joined), flat = join_nonshared_inputs(point=initial_point,
+                                                  outputs=[rewrite_pregrad(model.logp()), *parts],
+                                                  inputs=step.vars, make_inputs_shared=False)
     size = int(sum(np.size(initial_point[v.name]) for v in step.vars))
     grad = pytensor.grad(cost, flat)
     hessian_metric = metric is None or metric == "diagonal_softabs"
     if hessian_metric:
         matrix = _jacobian(-grad, flat)
-    elif metric in MODEL_METRICS:  # read off the model's variables, joined into the same flat position
-        parts = fisher_parts(model, step.vars)
-        (cost, *joined), flat = join_nonshared_inputs(point=initial_point, outputs=[model.logp(), *parts],
-                                                      inputs=step.vars, make_inputs_shared=False)
-        cost = rewrite_pregrad(cost)
-        grad = pytensor.grad(cost, flat)
-        matrix = assemble_fisher(FisherParts(*joined), flat, _jacobian, diagonal=metric == "diagonal_fisher")
-        _check_initial_metric(compile_pytensor([flat], matrix, givens=givens, on_unused_input="ignore",
-                                               mode="FAST_COMPILE"), step, initial_point)
-        if matrix.ndim == 1:
-            matrix = pt.diag(matrix)
     else:
-        matrix = pt.cast(pt.as_tensor_variable(metric(flat)), "float64")
-        if matrix.ndim not in (1, 2):
-            raise ValueError(f"metric(position) must return a (d, d) matrix, or a (d,) vector for a diagonal "
-                             f"metric, with d = {size}; it returned a {matrix.ndim}-d tensor.")
+        if model_metric:
+            matrix = assemble_fisher(FisherParts(*joined), flat, _jacobian, diagonal=metric == "diagonal_fisher")
+        else:
+            matrix = pt.cast(pt.as_tensor_variable(metric(flat)), "float64")
+            if matrix.ndim not in (1, 2):
+                raise ValueError(f"metric(position) must return a (d, d) matrix, or a (d,) vector for a diagonal "
+                                 f"metric, with d = {size}; it returned a {matrix.ndim}-d tensor.")
         _check_initial_metric(compile_pytensor([flat], matrix, givens=givens, on_unused_input="ignore",
                                                mode="FAST_COMPILE"), step, initial_point)
         if matrix.ndim == 1:  # a diagonal metric, BlackJAX's convention (the JAX adapters' fast route)

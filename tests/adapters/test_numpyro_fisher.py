@@ -232,7 +232,7 @@ def test_affine_quantities_take_a_constant_jacobian_and_give_the_same_metric(mon
 
     x = jnp.asarray(np.random.default_rng(3).normal(size=5))
     fast = {d: model_fisher_metric(centered, diagonal=d) for d in (True, False)}
-    monkeypatch.setattr(_numpyro_fisher, "_affine_outputs", lambda fn, flat: [False] * len(fn(flat)))
+    monkeypatch.setattr(_numpyro_fisher, "_output_kinds", lambda fn, flat: ["nonlinear"] * len(fn(flat)))
     plain = {d: model_fisher_metric(centered, diagonal=d) for d in (True, False)}
     assert fast[True]._route(x)[1] != plain[True]._route(x)[1]  # the residuals took the constant route
     for d in (True, False):
