@@ -20,16 +20,21 @@ funnel's (``1/9 + n/2`` for ``v``, ``exp(-v)`` for each ``x_i``).
 Per family, in the unconstrained coordinates NumPyro samples in (identity for
 real support, ``log`` for positive support):
 
-* location-scale families (Normal, Cauchy, StudentT): the residual
+* location-scale families (Normal, Cauchy, StudentT, Laplace): the residual
   ``value - loc`` with the location's Fisher weight, and the scale with the
   scale's.  For these families this is the exact expected Hessian of
-  ``-log p`` in ``(value, loc, scale)`` (a StudentT's ``df`` gets no term);
-* positive families (HalfNormal, HalfCauchy, Exponential, Gamma): the expected
-  curvature of ``-log p`` in ``log value`` (2, 1/2, 1, the concentration), and
-  the parameters' Fisher information (Gamma's as a 2 x 2 block; the cross
-  terms with the value are left out: with them the matrix need not be
-  positive definite); LogNormal, which in ``log value`` is a Normal, as a
-  location-scale family;
+  ``-log p`` in ``(value, loc, scale)`` (a StudentT's ``df`` gets no term;
+  Laplace's kink counts as the point mass its second derivative has);
+* positive families (HalfNormal, HalfCauchy, Exponential, Gamma,
+  InverseGamma): the expected curvature of ``-log p`` in ``log value`` (2,
+  1/2, 1, the concentration), and the parameters' Fisher information (the two
+  gammas' as a 2 x 2 block; the cross terms with the value are left out: with
+  them the matrix need not be positive definite); LogNormal, which in
+  ``log value`` is a Normal, as a location-scale family;
+* Beta, sampled in ``logit value``: the expected curvature there,
+  ``a b / (a + b + 1)``, and its 2 x 2 Fisher block; a latent Uniform, sampled in
+  the logit of its position between the bounds: the curvature 1/3 (its bounds
+  must not move with the position: its Fisher information is not defined);
 * observed Bernoulli, Binomial, Poisson: the Fisher information of logits,
   probabilities or rate.
 
@@ -69,6 +74,7 @@ class Term(NamedTuple):
     own: bool = False
     offset: Any = None
     block: bool = False  # weight (..., k, k), quantity (..., k): a k-parameter Fisher block
+    fixed: bool = False  # quantity must not move with the position (a Uniform's bounds); no weight
 
 
 def _location_scale(loc_weight, scale_weight):
@@ -101,15 +107,42 @@ def _log_normal_terms(d, value, log_value):
     return [Term(1.0 / d.scale**2, log_value - d.loc, True, d.loc), Term(2.0 / d.scale**2, d.scale)]
 
 
+def _block(a, b, fisher_aa, fisher_ab, fisher_bb):
+    """A two-parameter Fisher block over the stacked parameters (a, b)."""
+    fisher = jnp.stack([jnp.stack([fisher_aa, fisher_ab], -1), jnp.stack([fisher_ab, fisher_bb], -1)], -2)
+    return Term(fisher, jnp.stack([a, b], -1), block=True)
+
+
 def _gamma_terms(d, value, log_value):
-    """Gamma(concentration a, rate b): Fisher [[trigamma(a), -1/b], [-1/b, a/b^2]] over (a, b); in
-    log(value) the curvature of -log p is b value, whose expectation is a."""
+    """Gamma(concentration a, rate b) and InverseGamma (1 / value is Gamma(a, b)): the same Fisher
+    [[trigamma(a), -1/b], [-1/b, a/b^2]] over (a, b); in log(value) the curvature of -log p is b value
+    (b / value for InverseGamma), whose expectation is a."""
     a, b = jnp.broadcast_arrays(d.concentration, d.rate)
-    fisher = jnp.stack([jnp.stack([polygamma(1, a), -1.0 / b], -1), jnp.stack([-1.0 / b, a / b**2], -1)], -2)
-    out = [Term(fisher, jnp.stack([a, b], -1), block=True)]
+    out = [_block(a, b, polygamma(1, a), -1.0 / b, a / b**2)]
     if log_value is not None:
         out.append(Term(a, log_value, True))
     return out
+
+
+def _beta_terms(d, value, logit_value):
+    """Beta(a, b): Fisher [[trigamma(a) - t, -t], [-t, trigamma(b) - t]], t = trigamma(a + b); in
+    logit(value) the curvature of -log p is (a + b) value (1 - value), whose expectation is
+    a b / (a + b + 1)."""
+    a, b = jnp.broadcast_arrays(d.concentration1, d.concentration0)
+    t = polygamma(1, a + b)
+    out = [_block(a, b, polygamma(1, a) - t, -t, polygamma(1, b) - t)]
+    if logit_value is not None:
+        out.append(Term(a * b / (a + b + 1.0), logit_value, True))
+    return out
+
+
+def _uniform_terms(d, value, logit_value):
+    """Uniform(low, high), latent: in the logit of (value - low) / (high - low) the curvature of -log p
+    is 2 s (1 - s), s that position, whose expectation is 1/3.  The bounds carry no Fisher information
+    (the support moves with them), so they must stay fixed."""
+    low, high = jnp.broadcast_arrays(d.low, d.high)
+    return [Term(jnp.zeros_like(low), jnp.stack([low, high], -1), fixed=True),
+            Term(jnp.full(jnp.shape(logit_value), 1.0 / 3.0), logit_value, True)]
 
 
 def _bernoulli_logits(d, value):
@@ -139,6 +172,7 @@ _REAL_FAMILIES: dict[type, Callable] = {
     dist.Normal: _location_scale(lambda d: 1.0 / d.scale**2, lambda d: 2.0 / d.scale**2),
     dist.Cauchy: _location_scale(lambda d: 0.5 / d.scale**2, lambda d: 0.5 / d.scale**2),
     dist.StudentT: _student_t_terms,
+    dist.Laplace: _location_scale(lambda d: 1.0 / d.scale**2, lambda d: 1.0 / d.scale**2),
 }
 # Positive families (sampled in log(value)): terms(dist, value, log_value or None for an observed site).
 _POSITIVE_FAMILIES: dict[type, Callable] = {
@@ -147,7 +181,14 @@ _POSITIVE_FAMILIES: dict[type, Callable] = {
     dist.Exponential: _positive(1.0, "rate", lambda r: 1.0 / r**2),
     dist.LogNormal: _log_normal_terms,
     dist.Gamma: _gamma_terms,
+    dist.InverseGamma: _gamma_terms,
 }
+# Families on an interval (sampled in the logit of the position in it): as the positive families.
+_INTERVAL_FAMILIES: dict[type, Callable] = {
+    dist.Beta: _beta_terms,
+    dist.Uniform: _uniform_terms,
+}
+_LATENT_ONLY = (dist.Uniform,)  # an observed Uniform's bounds have no regular Fisher information
 # Observed only (discrete): terms(dist, value).
 _OBSERVED_FAMILIES: dict[type, Callable] = {
     dist.BernoulliLogits: _bernoulli_logits,
@@ -160,7 +201,8 @@ _OBSERVED_FAMILIES: dict[type, Callable] = {
 
 def supported_distributions() -> list[str]:
     """Names of the distributions ``metric="fisher"`` knows the Fisher information of."""
-    return sorted(c.__name__ for c in (*_REAL_FAMILIES, *_POSITIVE_FAMILIES, *_OBSERVED_FAMILIES))
+    return sorted(c.__name__ for c in (*_REAL_FAMILIES, *_POSITIVE_FAMILIES, *_INTERVAL_FAMILIES,
+                                       *_OBSERVED_FAMILIES))
 
 
 def _unwrap(fn):
@@ -186,13 +228,16 @@ def _site_terms(name: str, site: dict, unconstrained) -> list[Term]:
         terms = _REAL_FAMILIES[family](fn, unconstrained if latent else value, latent)
     elif family in _POSITIVE_FAMILIES:
         terms = _POSITIVE_FAMILIES[family](fn, value, unconstrained if latent else None)
+    elif family in _INTERVAL_FAMILIES and (latent or family not in _LATENT_ONLY):
+        terms = _INTERVAL_FAMILIES[family](fn, value, unconstrained if latent else None)
     elif family in _OBSERVED_FAMILIES and not latent:
         terms = _OBSERVED_FAMILIES[family](fn, value)
     else:
         kind = "latent" if latent else "observed"
         raise ValueError(
             f"metric='fisher' has no Fisher information for the {kind} site {name!r} ({family.__name__}); it "
-            f"supports {', '.join(supported_distributions())} (observed-only for the discrete ones). Use "
+            f"supports {', '.join(supported_distributions())} (observed-only for the discrete ones, latent-only "
+            "for Uniform). Use "
             "metric='softabs' or pass your own metric callable."
         )
     scale = site.get("scale")
@@ -298,7 +343,7 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
         _, terms = site_terms(flat)
         chosen = [jnp.ravel(term.quantity).astype(flat.dtype)
                   for (_, term), moves, flat_ok in zip(terms, dependent, affine, strict=True)
-                  if moves and flat_ok and not term.block]
+                  if moves and flat_ok and not term.block and not term.fixed]
         return jnp.concatenate(chosen) if chosen else jnp.zeros((0,), flat.dtype)
 
     def parts(flat, dependent, affine):
@@ -308,6 +353,12 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
         own = {name: jnp.zeros_like(value) for name, value in params.items()}
         weights, quantities, blocks, block_quantities, affine_weights = [], [], [], [], []
         for (name, term), moves, flat_ok in zip(terms, dependent, affine, strict=True):
+            if term.fixed:
+                if moves:
+                    raise ValueError(f"metric='fisher' needs the bounds of the Uniform site {name!r} fixed: they move "
+                                     "with the position, and a moving support has no Fisher information. Use "
+                                     "metric='softabs' or pass your own metric callable.")
+                continue
             if term.own and not moves:  # grad q is the identity on the site's coordinates
                 own[name] = own[name] + term.weight.astype(flat.dtype)
             elif moves and flat_ok and not term.block:  # constant Jacobian: no autodiff at run time

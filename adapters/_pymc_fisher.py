@@ -3,7 +3,8 @@
 The construction of ``_numpyro_fisher`` (see its docstring) on a PyMC model's graph: every random
 variable adds, for each parameter of its distribution that moves with the position, that
 parameter's Fisher information through the chain rule, and a free variable its own expected
-curvature in the sampler's coordinate (``log value`` for positive variables).  A location-scale
+curvature in the sampler's coordinate (``log value`` for positive variables, the log-odds of the
+position in the interval for Beta and Uniform).  A location-scale
 variable enters through its residual ``value - loc``.  The metric is ``diag(own) + J^T diag(w) J``;
 the parts are PyTensor expressions of the model's value variables, which the RMHMC step joins
 into its flat position with the log density, so PyTensor's autodiff gives the derivatives.
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import pytensor.tensor as pt
-from pymc.logprob.transforms import LogTransform
+from pymc.logprob.transforms import IntervalTransform, LogOddsTransform, LogTransform
 from pytensor.scalar.math import Sigmoid
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 
@@ -25,8 +26,13 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["FisherParts", "fisher_parts", "assemble_fisher"]
 
-REAL = ("NormalRV", "CauchyRV", "StudentTRV")
-POSITIVE = ("HalfNormalRV", "HalfCauchyRV", "ExponentialRV", "LogNormalRV", "GammaRV")
+REAL = ("NormalRV", "CauchyRV", "StudentTRV", "LaplaceRV")
+POSITIVE = ("HalfNormalRV", "HalfCauchyRV", "ExponentialRV", "LogNormalRV", "GammaRV", "InvGammaRV")
+INTERVAL = ("BetaRV", "UniformRV")  # sampled in the log-odds of the position in the interval
+LATENT_ONLY = ("UniformRV",)  # an observed Uniform's bounds have no regular Fisher information
+# The sampler's coordinate each family's own term is written in: its default transform.
+TRANSFORMS = {**dict.fromkeys(REAL, type(None)), **dict.fromkeys(POSITIVE, LogTransform),
+              "BetaRV": LogOddsTransform, "UniformRV": IntervalTransform}
 BLOCK = "block"  # the offset of a term that carries a (k, k) Fisher block over k stacked parameters
 OBSERVED_ONLY = ("BernoulliRV", "BinomialRV", "PoissonRV")
 
@@ -65,10 +71,18 @@ def _probability_term(p, count=1.0):
     return (count / (p * (1.0 - p)), p)
 
 
+def _block(a, b, fisher_aa, fisher_ab, fisher_bb):
+    """A two-parameter Fisher block over the stacked parameters (a, b)."""
+    fisher = pt.stack([pt.stack([fisher_aa, fisher_ab], axis=-1), pt.stack([fisher_ab, fisher_bb], axis=-1)],
+                      axis=-2)
+    return (fisher, pt.stack([a, b], axis=-1), BLOCK)
+
+
 def _terms(kind, params, value, log_value):
     """[(weight, quantity, offset)] of one variable.  ``offset`` is False for a parameter's term; for
-    the variable's own term it is None (``log_value``: the identity Jacobian) or the location of the
-    residual ``value - loc`` (the identity too unless the location moves with the position)."""
+    the variable's own term it is None (``log_value``, the value variable of a free variable sampled in
+    a transformed coordinate: the identity Jacobian) or the location of the residual ``value - loc``
+    (the identity too unless the location moves with the position)."""
     if kind == "NormalRV":
         mu, sigma = params
         return [(1.0 / sigma**2, value - mu, mu), (2.0 / sigma**2, sigma, False)]
@@ -83,14 +97,30 @@ def _terms(kind, params, value, log_value):
         mu, sigma = params
         log_value = pt.log(value) if log_value is None else log_value
         return [(1.0 / sigma**2, log_value - mu, mu), (2.0 / sigma**2, sigma, False)]
+    if kind == "LaplaceRV":
+        mu, b = params
+        return [(1.0 / b**2, value - mu, mu), (1.0 / b**2, b, False)]
     if kind == "GammaRV":  # PyTensor's (shape a, scale t): Fisher [[trigamma(a), 1/t], [1/t, a/t^2]]
         a, t = pt.broadcast_arrays(*params)
-        fisher = pt.stack([pt.stack([pt.tri_gamma(a), 1.0 / t], axis=-1), pt.stack([1.0 / t, a / t**2], axis=-1)],
-                          axis=-2)
-        terms = [(fisher, pt.stack([a, t], axis=-1), BLOCK)]
+        terms = [_block(a, t, pt.tri_gamma(a), 1.0 / t, a / t**2)]
         if log_value is not None:  # in log(value) the curvature of -log p is value / t, expectation a
             terms.append((a, log_value, None))
         return terms
+    if kind == "InvGammaRV":  # (a, b), 1 / value ~ Gamma(a, rate b): Fisher [[trigamma(a), -1/b], [-1/b, a/b^2]]
+        a, b = pt.broadcast_arrays(*params)
+        terms = [_block(a, b, pt.tri_gamma(a), -1.0 / b, a / b**2)]
+        if log_value is not None:  # in log(value) the curvature of -log p is b / value, expectation a
+            terms.append((a, log_value, None))
+        return terms
+    if kind == "BetaRV":  # Fisher [[trigamma(a) - t, -t], [-t, trigamma(b) - t]], t = trigamma(a + b)
+        a, b = pt.broadcast_arrays(*params)
+        t = pt.tri_gamma(a + b)
+        terms = [_block(a, b, pt.tri_gamma(a) - t, -t, pt.tri_gamma(b) - t)]
+        if log_value is not None:  # in log-odds: curvature (a + b) value (1 - value), expectation a b / (a + b + 1)
+            terms.append((a * b / (a + b + 1.0), log_value, None))
+        return terms
+    if kind == "UniformRV":  # free only, fixed bounds (checked by the caller): curvature 2 s (1 - s), expectation 1/3
+        return [(pt.as_tensor_variable(1.0 / 3.0), log_value, None)]
     if kind in POSITIVE:
         # (scale's Fisher coefficient c: weight c / scale^2; the curvature of -log p in log(value))
         coefficient, curvature = {"HalfNormalRV": (2.0, 2.0), "HalfCauchyRV": (0.5, 0.5),
@@ -125,20 +155,26 @@ def fisher_parts(model, vars) -> FisherParts:
         kind = type(rv.owner.op).__name__
         free = rv in model.free_RVs
         transform = model.rvs_to_transforms.get(rv)
-        supported = kind in REAL + POSITIVE or (kind in OBSERVED_ONLY and not free)
-        expected = LogTransform if kind in POSITIVE else type(None)
-        if not supported or (free and not isinstance(transform, expected)):
+        supported = ((kind in REAL + POSITIVE + INTERVAL and (free or kind not in LATENT_ONLY))
+                     or (kind in OBSERVED_ONLY and not free))
+        if not supported or (free and not isinstance(transform, TRANSFORMS[kind])):
             what = "distribution" if not supported else f"transform {type(transform).__name__}"
             raise ValueError(
                 f"metric='fisher' has no Fisher information for {'free' if free else 'observed'} variable "
-                f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, HalfNormal, HalfCauchy, "
-                "Exponential, LogNormal and Gamma variables with their default transforms, and observed "
-                "Bernoulli, Binomial and Poisson. Use metric=None (SoftAbs) or pass your own metric callable."
+                f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, Laplace, HalfNormal, "
+                "HalfCauchy, Exponential, LogNormal, Gamma, InverseGamma and Beta variables and free Uniform "
+                "ones with their default transforms, and observed Bernoulli, Binomial and Poisson. Use "
+                "metric=None (SoftAbs) or pass your own metric callable."
             )
         params = model.replace_rvs_by_values(rv.owner.op.dist_params(rv.owner))
+        if kind == "UniformRV" and _depends_on(pt.stack(pt.broadcast_arrays(*params)), vars):
+            raise ValueError(f"metric='fisher' needs the bounds of the Uniform variable {rv.name!r} fixed: they "
+                             "move with the position, and a moving support has no Fisher information. Use "
+                             "metric=None (SoftAbs) or pass your own metric callable.")
         value = model.rvs_to_values[rv]
         shape = tuple(pt.as_tensor_variable(value).shape)  # not rv.shape: that graph holds the random variable
-        for weight, quantity, offset in _terms(kind, params, value, value if kind in POSITIVE and free else None):
+        transformed = free and kind in POSITIVE + INTERVAL
+        for weight, quantity, offset in _terms(kind, params, value, value if transformed else None):
             if isinstance(offset, str) and offset == BLOCK:
                 if _depends_on(quantity, vars):
                     full = (*shape, 2)

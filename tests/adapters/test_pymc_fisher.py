@@ -71,8 +71,18 @@ def test_a_childs_residual_ties_it_to_its_parents_location():
 
 def test_unsupported_variables_raise_before_sampling():
     with pm.Model():
-        pm.Beta("rate", 2.0, 1.0)
-        with pytest.raises(ValueError, match="free variable 'rate' \\(BetaRV, distribution\\)"):
+        pm.Weibull("rate", 2.0, 1.0)
+        with pytest.raises(ValueError, match="free variable 'rate' \\(WeibullBetaRV, distribution\\)"):
+            AdaptiveRMHMC(metric="fisher")
+    with pm.Model():
+        top = pm.Exponential("top", 1.0)
+        pm.Uniform("x", 0.0, top)
+        with pytest.raises(ValueError, match="bounds of the Uniform variable 'x' fixed"):
+            AdaptiveRMHMC(metric="fisher")
+    with pm.Model():
+        pm.Uniform("y", 0.0, 2.0, observed=[0.5])
+        pm.Normal("x", 0.0, 1.0)
+        with pytest.raises(ValueError, match="observed variable 'y' \\(UniformRV, distribution\\)"):
             AdaptiveRMHMC(metric="fisher")
     with pm.Model():
         pm.HalfNormal("scale", 1.0, default_transform=None)
@@ -117,6 +127,16 @@ FAMILIES = {
               lambda d, t: d.Gamma(np.e ** t, np.exp(0.5) ** t)),
     "Gamma(observed)": (lambda t: pm.Gamma("b_child", pt.exp(t), pt.exp(0.5 * t), observed=[0.7, 2.0]),
                         lambda d, t: d.Gamma(np.e ** t * np.ones(2), np.exp(0.5) ** t)),
+    "Laplace": (lambda t: pm.Laplace("b_child", t, pt.exp(0.5 * t)), lambda d, t: d.Laplace(t, np.exp(0.5) ** t)),
+    "InverseGamma": (lambda t: pm.InverseGamma("b_child", pt.exp(t), pt.exp(0.5 * t)),
+                     lambda d, t: d.InverseGamma(np.e ** t, np.exp(0.5) ** t)),
+    "InverseGamma(observed)": (lambda t: pm.InverseGamma("b_child", pt.exp(t), pt.exp(0.5 * t), observed=[0.7, 2.0]),
+                               lambda d, t: d.InverseGamma(np.e ** t * np.ones(2), np.exp(0.5) ** t)),
+    "Beta": (lambda t: pm.Beta("b_child", pt.exp(t), 2.0 * pt.exp(-0.5 * t)),
+             lambda d, t: d.Beta(np.e ** t, 2.0 * np.exp(-0.5) ** t)),
+    "Beta(observed)": (lambda t: pm.Beta("b_child", pt.exp(t), 2.0 * pt.exp(-0.5 * t), observed=[0.3, 0.8]),
+                       lambda d, t: d.Beta(np.e ** t * np.ones(2), 2.0 * np.exp(-0.5) ** t)),
+    "Uniform": (lambda t: pm.Uniform("b_child", -1.0, 2.0), lambda d, t: d.Uniform(-1.0, 2.0)),
     "Bernoulli": (lambda t: pm.Bernoulli("b_child", logit_p=t, observed=[0.0, 1.0]),
                   lambda d, t: d.Bernoulli(logits=t * np.ones(2))),
     "Binomial": (lambda t: pm.Binomial("b_child", n=7, p=pm.math.sigmoid(t), observed=[3.0, 5.0]),
@@ -135,14 +155,15 @@ def test_each_family_matches_the_numpyro_metric(name):
     from ahmc.adapters.numpyro import model_fisher_metric
 
     pymc_child, numpyro_child = FAMILIES[name]
-    observed = name in ("Bernoulli", "Binomial", "Poisson", "Gamma(observed)")
+    observed = name in ("Bernoulli", "Binomial", "Poisson") or name.endswith("(observed)")
     with pm.Model():
         theta = pm.Normal("a_theta", 0.0, 1.0)
         pymc_child(theta)
         step = AdaptiveRMHMC(metric="fisher")
     position = np.array([0.4]) if observed else np.array([0.4, -0.3])
     data = {"Bernoulli": [0.0, 1.0], "Binomial": [3.0, 5.0], "Poisson": [2.0, 0.0],
-            "Gamma(observed)": [0.7, 2.0]}.get(name)
+            "Gamma(observed)": [0.7, 2.0], "InverseGamma(observed)": [0.7, 2.0],
+            "Beta(observed)": [0.3, 0.8]}.get(name)
 
     def model():
         t = numpyro.sample("a_theta", dist.Normal(0.0, 1.0))
