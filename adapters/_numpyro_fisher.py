@@ -36,7 +36,9 @@ real support, ``log`` for positive support):
   the logit of its position between the bounds: the curvature 1/3 (its bounds
   must not move with the position: its Fisher information is not defined);
 * observed Bernoulli, Binomial, Poisson: the Fisher information of logits,
-  probabilities or rate.
+  probabilities or rate; observed Categorical and Multinomial: ``n (diag(p) -
+  p p^T)`` over the logits (``log probs`` when given probabilities), a k x k
+  block.
 
 Any other distribution (or a ``numpyro.factor``) raises a ``ValueError`` that
 names the site: the metric would silently miss its curvature.
@@ -167,6 +169,29 @@ def _poisson(d, value):
     return [Term(1.0 / d.rate, d.rate)]
 
 
+def _softmax_block(p, count=1.0):
+    """``count (diag(p) - p p^T)``: the Fisher information of the logits of a k-category draw (any logits
+    with softmax p: a common shift leaves p, and this matrix's null direction, unchanged)."""
+    count = jnp.asarray(count)[..., None, None]
+    return count * (p[..., :, None] * jnp.eye(p.shape[-1], dtype=p.dtype) - p[..., :, None] * p[..., None, :])
+
+
+def _categorical_logits(d, value):
+    return [Term(_softmax_block(jax.nn.softmax(d.logits, -1)), d.logits, block=True)]
+
+
+def _categorical_probs(d, value):
+    return [Term(_softmax_block(d.probs), jnp.log(d.probs), block=True)]
+
+
+def _multinomial_logits(d, value):
+    return [Term(_softmax_block(jax.nn.softmax(d.logits, -1), d.total_count), d.logits, block=True)]
+
+
+def _multinomial_probs(d, value):
+    return [Term(_softmax_block(d.probs, d.total_count), jnp.log(d.probs), block=True)]
+
+
 # Families whose value lives on the real line: terms(dist, value, latent), value in the sampler's coordinates.
 _REAL_FAMILIES: dict[type, Callable] = {
     dist.Normal: _location_scale(lambda d: 1.0 / d.scale**2, lambda d: 2.0 / d.scale**2),
@@ -196,6 +221,10 @@ _OBSERVED_FAMILIES: dict[type, Callable] = {
     dist.BinomialLogits: _binomial_logits,
     dist.BinomialProbs: _binomial_probs,
     dist.Poisson: _poisson,
+    dist.CategoricalLogits: _categorical_logits,
+    dist.CategoricalProbs: _categorical_probs,
+    dist.MultinomialLogits: _multinomial_logits,
+    dist.MultinomialProbs: _multinomial_probs,
 }
 
 
@@ -241,7 +270,7 @@ def _site_terms(name: str, site: dict, unconstrained) -> list[Term]:
             "metric='softabs' or pass your own metric callable."
         )
     scale = site.get("scale")
-    shape = jnp.shape(value)
+    shape = jnp.shape(value)[:jnp.ndim(value) - fn.event_dim]  # one term per draw (a Multinomial's is a vector)
     out = []
     for term in terms:
         weight = term.weight

@@ -18,13 +18,14 @@ import pytensor.tensor as pt
 from pymc.logprob.transforms import IntervalTransform, LogOddsTransform, LogTransform
 from pytensor.scalar.math import Sigmoid
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.special import Softmax
 
 try:  # PyTensor >= 2.31
     from pytensor.graph.traversal import ancestors
 except ImportError:  # pragma: no cover
     from pytensor.graph.basic import ancestors
 
-__all__ = ["FisherParts", "fisher_parts", "assemble_fisher"]
+__all__ = ["FisherParts", "fisher_parts", "assemble_fisher", "flatten_parts", "unflatten_parts"]
 
 REAL = ("NormalRV", "CauchyRV", "StudentTRV", "LaplaceRV")
 POSITIVE = ("HalfNormalRV", "HalfCauchyRV", "ExponentialRV", "LogNormalRV", "GammaRV", "InvGammaRV")
@@ -34,19 +35,32 @@ LATENT_ONLY = ("UniformRV",)  # an observed Uniform's bounds have no regular Fis
 TRANSFORMS = {**dict.fromkeys(REAL, type(None)), **dict.fromkeys(POSITIVE, LogTransform),
               "BetaRV": LogOddsTransform, "UniformRV": IntervalTransform}
 BLOCK = "block"  # the offset of a term that carries a (k, k) Fisher block over k stacked parameters
-OBSERVED_ONLY = ("BernoulliRV", "BinomialRV", "PoissonRV")
+OBSERVED_ONLY = ("BernoulliRV", "BinomialRV", "PoissonRV", "CategoricalRV", "MultinomialRV")
 
 
 class FisherParts(NamedTuple):
     """Expressions in the value variables: the own terms' diagonal over ``vars`` (flattened in their
-    order), the quantities with their weights for the Jacobian part, and the two-parameter blocks
-    (``(n, 2)`` parameters with their ``(n, 2, 2)`` Fisher matrices: Gamma's)."""
+    order), the quantities with their weights for the Jacobian part, and the multi-parameter blocks, one
+    per variable that has them: ``(n, k)`` parameters with their ``(n, k, k)`` Fisher matrices (the
+    gammas' and Beta's k = 2, a Categorical's k = its number of categories)."""
 
     own_diagonal: Any
     quantities: Any
     weights: Any
-    block_quantities: Any
-    blocks: Any
+    block_quantities: tuple = ()
+    blocks: tuple = ()
+
+
+def flatten_parts(parts: FisherParts) -> list:
+    """The parts as one list of tensors (to join them into the flat position with the log density)."""
+    return [parts.own_diagonal, parts.quantities, parts.weights, *parts.block_quantities, *parts.blocks]
+
+
+def unflatten_parts(tensors) -> FisherParts:
+    """The inverse of :func:`flatten_parts`."""
+    own_diagonal, quantities, weights, *rest = tensors
+    half = len(rest) // 2
+    return FisherParts(own_diagonal, quantities, weights, tuple(rest[:half]), tuple(rest[half:]))
 
 
 def _logit_of(p):
@@ -62,6 +76,31 @@ def _logit_of(p):
     for op in reversed(shuffles):
         eta = op(eta)
     return eta
+
+
+def _softmax_logits(p):
+    """Logits of category probabilities ``p``: the softmax's input when the graph has one over the last
+    axis (through dimension shuffles; finite where ``log p`` would not be), else ``log p``."""
+    shuffles, inner, last_kept = [], p, True
+    while inner.owner is not None and isinstance(inner.owner.op, DimShuffle):
+        op, inner = inner.owner.op, inner.owner.inputs[0]
+        last_kept &= op.new_order[-1] == inner.ndim - 1  # the category axis stays the last one
+        shuffles.append(op)
+    if not last_kept or inner.owner is None or not isinstance(inner.owner.op, Softmax):
+        return pt.log(p)
+    axis = inner.owner.op.axis
+    if tuple(a % inner.ndim for a in (axis if isinstance(axis, tuple | list) else (axis,))) != (inner.ndim - 1,):
+        return pt.log(p)
+    eta = inner.owner.inputs[0]
+    for op in reversed(shuffles):
+        eta = op(eta)
+    return eta
+
+
+def _softmax_block(p, count=1.0):
+    """``count (diag(p) - p p^T)``: the Fisher information of the logits of a k-category draw."""
+    count = pt.as_tensor_variable(count)[..., None, None]
+    return count * (p[..., :, None] * pt.eye(p.shape[-1]) - p[..., :, None] * p[..., None, :])
 
 
 def _probability_term(p, count=1.0):
@@ -137,6 +176,12 @@ def _terms(kind, params, value, log_value):
         return [(*_probability_term(p, n), False)]
     if kind == "PoissonRV":
         return [(1.0 / params[0], params[0], False)]
+    if kind == "CategoricalRV":
+        p = params[0]
+        return [(_softmax_block(p), _softmax_logits(p), BLOCK)]
+    if kind == "MultinomialRV":
+        n, p = params
+        return [(_softmax_block(p, n), _softmax_logits(p), BLOCK)]
     raise AssertionError(kind)
 
 
@@ -163,7 +208,8 @@ def fisher_parts(model, vars) -> FisherParts:
                 f"metric='fisher' has no Fisher information for {'free' if free else 'observed'} variable "
                 f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, Laplace, HalfNormal, "
                 "HalfCauchy, Exponential, LogNormal, Gamma, InverseGamma and Beta variables and free Uniform "
-                "ones with their default transforms, and observed Bernoulli, Binomial and Poisson. Use "
+                "ones with their default transforms, and observed Bernoulli, Binomial, Poisson, Categorical "
+                "and Multinomial. Use "
                 "metric=None (SoftAbs) or pass your own metric callable."
             )
         params = model.replace_rvs_by_values(rv.owner.op.dist_params(rv.owner))
@@ -173,13 +219,15 @@ def fisher_parts(model, vars) -> FisherParts:
                              "metric=None (SoftAbs) or pass your own metric callable.")
         value = model.rvs_to_values[rv]
         shape = tuple(pt.as_tensor_variable(value).shape)  # not rv.shape: that graph holds the random variable
+        draws = shape[:len(shape) - rv.owner.op.ndim_supp]  # one block per draw (a Multinomial's is a vector)
         transformed = free and kind in POSITIVE + INTERVAL
         for weight, quantity, offset in _terms(kind, params, value, value if transformed else None):
             if isinstance(offset, str) and offset == BLOCK:
                 if _depends_on(quantity, vars):
-                    full = (*shape, 2)
-                    blocks.append(pt.broadcast_to(weight, (*full, 2)).reshape((-1, 2, 2)))
-                    block_quantities.append(pt.broadcast_to(quantity, full).reshape((-1, 2)))
+                    k = quantity.shape[-1]
+                    blocks.append(pt.cast(pt.broadcast_to(weight, (*draws, k, k)).reshape((-1, k, k)), "float64"))
+                    block_quantities.append(pt.cast(pt.broadcast_to(quantity, (*draws, k)).reshape((-1, k)),
+                                                    "float64"))
                 continue
             weight = pt.broadcast_to(pt.as_tensor_variable(weight), shape)
             if free and offset is not False and value in own:  # the variable's own term
@@ -201,20 +249,21 @@ def fisher_parts(model, vars) -> FisherParts:
             return pt.zeros(empty_shape, dtype="float64")
         return pt.cast(pt.concatenate(pieces), "float64")
 
-    return FisherParts(own_diagonal, joined(quantities, (0,)), joined(weights, (0,)),
-                       joined(block_quantities, (0, 2)), joined(blocks, (0, 2, 2)))
+    return FisherParts(own_diagonal, joined(quantities, (0,)), joined(weights, (0,)), tuple(block_quantities),
+                       tuple(blocks))
 
 
 def assemble_fisher(parts: FisherParts, flat, jacobian, diagonal: bool):
     """``diag(own) + J^T diag(w) J + sum_n J_n^T F_n J_n`` (or its diagonal) from the parts as functions of
-    the flat position."""
+    the flat position (``jacobian(expression, flat)``: the Jacobian of a vector expression)."""
     metric = parts.own_diagonal if diagonal else pt.diag(parts.own_diagonal)
     if parts.quantities.type.shape[0] != 0:
         J = jacobian(parts.quantities, flat)  # (M, d)
         metric = metric + (pt.sum(parts.weights[:, None] * J**2, axis=0) if diagonal
                            else J.T @ (parts.weights[:, None] * J))
-    if parts.block_quantities.type.shape[0] != 0:
-        J = jacobian(parts.block_quantities.ravel(), flat).reshape((-1, 2, flat.shape[0]))  # (n, 2, d)
-        FJ = pt.sum(parts.blocks[:, :, :, None] * J[:, None, :, :], axis=2)  # (n, 2, d): F_n J_n
+    for quantities, blocks in zip(parts.block_quantities, parts.blocks, strict=True):
+        k = quantities.shape[-1]
+        J = jacobian(quantities.ravel(), flat).reshape((-1, k, flat.shape[0]))  # (n, k, d)
+        FJ = pt.sum(blocks[:, :, :, None] * J[:, None, :, :], axis=2)  # (n, k, d): F_n J_n
         metric = metric + (pt.sum(J * FJ, axis=(0, 1)) if diagonal else pt.tensordot(J, FJ, axes=[[0, 1], [0, 1]]))
     return metric

@@ -83,7 +83,7 @@ from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE
                        step_jumps_update)
 
 from . import _riemann
-from ._pymc_fisher import FisherParts, assemble_fisher, fisher_parts
+from ._pymc_fisher import assemble_fisher, fisher_parts, flatten_parts, unflatten_parts
 from ._riemann import Geometry, NotPositiveDefiniteError
 from .diagnostics import PYMC_HMC_DEFAULTS
 
@@ -1004,7 +1004,7 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
     givens = [(var, shared._extra_vars_shared[var.name]) for var in shared._extra_vars]
     model_metric = isinstance(metric, str) and metric in MODEL_METRICS
     # The model's Fisher metric is built on the value variables, joined into the flat position with the cost.
-    parts = fisher_parts(model, step.vars) if model_metric else ()
+    parts = flatten_parts(fisher_parts(model, step.vars)) if model_metric else []
     (cost, *joined), flat = join_nonshared_inputs(point=initial_point,
                                                   outputs=[rewrite_pregrad(model.logp()), *parts],
                                                   inputs=step.vars, make_inputs_shared=False)
@@ -1015,7 +1015,7 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
         matrix = _jacobian(-grad, flat)
     else:
         if model_metric:
-            matrix = assemble_fisher(FisherParts(*joined), flat, _jacobian, diagonal=metric == "diagonal_fisher")
+            matrix = assemble_fisher(unflatten_parts(joined), flat, _jacobian, diagonal=metric == "diagonal_fisher")
         else:
             matrix = pt.cast(pt.as_tensor_variable(metric(flat)), "float64")
             if matrix.ndim not in (1, 2):
@@ -1190,7 +1190,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
         curvature; the paper's logistic-regression metric, the funnel's); ``"diagonal_fisher"``: its
         diagonal.  Normal, Cauchy, StudentT, Laplace, HalfNormal, HalfCauchy, Exponential, LogNormal,
         Gamma, InverseGamma, Beta, free Uniform with fixed bounds, and observed Bernoulli, Binomial,
-        Poisson; any other variable is a ``ValueError`` naming it.
+        Poisson, Categorical, Multinomial; any other variable is a ``ValueError`` naming it.
         A callable
         gets the flat PyTensor position (the step's value variables raveled in model order,
         transformed, e.g. ``sigma_log__``) and returns a PyTensor ``(d, d)`` symmetric

@@ -108,6 +108,10 @@ OBSERVED_FAMILIES = {
     "InverseGamma": lambda t: dist.InverseGamma(3.0 * jnp.exp(t), jnp.exp(0.5 * t)),
     "Beta": lambda t: dist.Beta(jnp.exp(t), 2.0 * jnp.exp(-0.5 * t)),
     "Laplace": lambda t: dist.Laplace(t, jnp.exp(0.5 * t)),
+    "CategoricalLogits": lambda t: dist.Categorical(logits=jnp.array([1.0, 0.5, -1.0]) * t + jnp.array([0.2, 0, -0.3])),
+    "CategoricalProbs": lambda t: dist.Categorical(probs=jax.nn.softmax(jnp.array([1.0, -0.5, 0.3, 0.0]) * t)),
+    "MultinomialLogits": lambda t: dist.Multinomial(5, logits=jnp.array([1.0, 0.5, -1.0]) * t),
+    "MultinomialProbs": lambda t: dist.Multinomial(5, probs=jax.nn.softmax(jnp.array([0.4, -1.0, 0.0]) * t + 0.1)),
 }
 
 

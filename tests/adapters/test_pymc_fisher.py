@@ -110,6 +110,30 @@ def test_hierarchical_model_moments():
     assert idata.sample_stats["fixed_point_converged"].values.mean() > 0.9
 
 
+@pytest.mark.slow  # about a minute; the metric itself is checked family by family below
+def test_beta_inverse_gamma_uniform_and_laplace_variables_sample_their_posteriors():
+    """The conjugate model of tests/adapters/test_numpyro_fisher.py in PyMC: p ~ Beta(2, 3) with 4 of 10
+    successes, v ~ InverseGamma(3, 2) with five N(0, v) observations, u ~ Uniform(-1, 2), l ~ Laplace(1, 0.5)."""
+    y = np.array([0.8, -1.5, 0.3, 2.1, -0.6])
+    with pm.Model():
+        p = pm.Beta("p", 2.0, 3.0)
+        pm.Binomial("k", n=10, p=p, observed=4)
+        v = pm.InverseGamma("v", 3.0, 2.0)
+        pm.Normal("y", 0.0, pm.math.sqrt(v), observed=y)
+        pm.Uniform("u", -1.0, 2.0)
+        pm.Laplace("l", 1.0, 0.5)
+        idata = pm.sample(step=AdaptiveRMHMC(metric="fisher"), tune=500, draws=1500, chains=4, cores=1,
+                          random_seed=4, **QUIET)
+    post = idata.posterior
+    a, b = 6.0, 9.0
+    assert_moments_match(post["p"].values, a / (a + b), math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1.0))))
+    shape, rate = 5.5, 2.0 + float(np.sum(y**2)) / 2.0
+    assert_moments_match(post["v"].values, rate / (shape - 1.0), rate / ((shape - 1.0) * math.sqrt(shape - 2.0)))
+    assert_moments_match(post["u"].values, 0.5, 3.0 / math.sqrt(12.0))
+    assert_moments_match(post["l"].values, 1.0, 0.5 * math.sqrt(2.0))
+    assert idata.sample_stats["fixed_point_converged"].values.mean() > 0.9
+
+
 # Each family as a child of a standard normal parent theta, in PyMC and in NumPyro (whose weights
 # tests/adapters/test_numpyro_fisher.py checks against Monte Carlo averages).
 FAMILIES = {
@@ -141,6 +165,15 @@ FAMILIES = {
                   lambda d, t: d.Bernoulli(logits=t * np.ones(2))),
     "Binomial": (lambda t: pm.Binomial("b_child", n=7, p=pm.math.sigmoid(t), observed=[3.0, 5.0]),
                  lambda d, t: d.Binomial(7, probs=1.0 / (1.0 + np.e ** -t) * np.ones(2))),
+    "Categorical": (lambda t: pm.Categorical("b_child", logit_p=pt.as_tensor([1.0, 0.5, -1.0]) * t, observed=[0, 2]),
+                    lambda d, t: d.Categorical(logits=np.array([[1.0, 0.5, -1.0]] * 2) * t)),
+    # p not written as a softmax in the graph: its logits are taken as log p
+    "Categorical(p)": (lambda t: pm.Categorical("b_child", p=1.0 * pm.math.softmax(pt.as_tensor([0.4, -1.0, 0.0]) * t),
+                                                observed=[1, 0]),
+                       lambda d, t: d.Categorical(logits=np.ones((2, 1)) * np.array([0.4, -1.0, 0.0]) * t)),
+    "Multinomial": (lambda t: pm.Multinomial("b_child", n=5, p=pm.math.softmax(pt.as_tensor([1.0, 0.5, -1.0]) * t),
+                                             observed=[[2, 2, 1], [0, 1, 4]]),
+                    lambda d, t: d.Multinomial(5, logits=np.ones((2, 1)) * np.array([1.0, 0.5, -1.0]) * t)),
     "Poisson": (lambda t: pm.Poisson("b_child", pt.exp(t), observed=[2.0, 0.0]),
                 lambda d, t: d.Poisson(np.e ** t * np.ones(2))),
 }
@@ -155,7 +188,8 @@ def test_each_family_matches_the_numpyro_metric(name):
     from ahmc.adapters.numpyro import model_fisher_metric
 
     pymc_child, numpyro_child = FAMILIES[name]
-    observed = name in ("Bernoulli", "Binomial", "Poisson") or name.endswith("(observed)")
+    observed = name.startswith(("Bernoulli", "Binomial", "Poisson", "Categorical", "Multinomial")) or name.endswith(
+        "(observed)")
     with pm.Model():
         theta = pm.Normal("a_theta", 0.0, 1.0)
         pymc_child(theta)
@@ -163,7 +197,8 @@ def test_each_family_matches_the_numpyro_metric(name):
     position = np.array([0.4]) if observed else np.array([0.4, -0.3])
     data = {"Bernoulli": [0.0, 1.0], "Binomial": [3.0, 5.0], "Poisson": [2.0, 0.0],
             "Gamma(observed)": [0.7, 2.0], "InverseGamma(observed)": [0.7, 2.0],
-            "Beta(observed)": [0.3, 0.8]}.get(name)
+            "Beta(observed)": [0.3, 0.8], "Categorical": [0, 2], "Categorical(p)": [1, 0],
+            "Multinomial": [[2, 2, 1], [0, 1, 4]]}.get(name)
 
     def model():
         t = numpyro.sample("a_theta", dist.Normal(0.0, 1.0))
