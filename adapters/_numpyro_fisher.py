@@ -20,6 +20,8 @@ funnel's (``1/9 + n/2`` for ``v``, ``exp(-v)`` for each ``x_i``).
 Per family, in the unconstrained coordinates NumPyro samples in (identity for
 real support, ``log`` for positive support):
 
+* MultivariateNormal with a fixed covariance: the residual ``value - loc``
+  with the precision matrix as a k x k block;
 * location-scale families (Normal, Cauchy, StudentT, Laplace): the residual
   ``value - loc`` with the location's Fisher weight, and the scale with the
   scale's.  For these families this is the exact expected Hessian of
@@ -76,7 +78,7 @@ class Term(NamedTuple):
     own: bool = False
     offset: Any = None
     block: bool = False  # weight (..., k, k), quantity (..., k): a k-parameter Fisher block
-    fixed: bool = False  # quantity must not move with the position (a Uniform's bounds); no weight
+    fixed: str = ""  # if set, what must not move with the position ("the bounds of the Uniform"); no weight
 
 
 def _location_scale(loc_weight, scale_weight):
@@ -107,6 +109,18 @@ def _log_normal_terms(d, value, log_value):
     """LogNormal: in log(value) it is Normal(loc, scale), residual and scale as for the Normal."""
     log_value = jnp.log(value) if log_value is None else log_value
     return [Term(1.0 / d.scale**2, log_value - d.loc, True, d.loc), Term(2.0 / d.scale**2, d.scale)]
+
+
+def _multivariate_normal_terms(d, value, latent):
+    """MultivariateNormal with a fixed covariance: the residual ``value - loc`` with the precision matrix as
+    its k x k Fisher block (the exact expected Hessian, as for the Normal)."""
+    return [Term(d.precision_matrix, value - d.loc, block=True),
+            Term(jnp.zeros(()), d.scale_tril, fixed="the covariance of the MultivariateNormal")]
+
+
+# Why a quantity must stay fixed, for the error message.
+_FIXED_WHY = {"the bounds of the Uniform": "a moving support has no Fisher information",
+              "the covariance of the MultivariateNormal": "its Fisher information is not written here"}
 
 
 def _block(a, b, fisher_aa, fisher_ab, fisher_bb):
@@ -143,7 +157,7 @@ def _uniform_terms(d, value, logit_value):
     is 2 s (1 - s), s that position, whose expectation is 1/3.  The bounds carry no Fisher information
     (the support moves with them), so they must stay fixed."""
     low, high = jnp.broadcast_arrays(d.low, d.high)
-    return [Term(jnp.zeros_like(low), jnp.stack([low, high], -1), fixed=True),
+    return [Term(jnp.zeros(()), jnp.stack([low, high], -1), fixed="the bounds of the Uniform"),
             Term(jnp.full(jnp.shape(logit_value), 1.0 / 3.0), logit_value, True)]
 
 
@@ -198,6 +212,7 @@ _REAL_FAMILIES: dict[type, Callable] = {
     dist.Cauchy: _location_scale(lambda d: 0.5 / d.scale**2, lambda d: 0.5 / d.scale**2),
     dist.StudentT: _student_t_terms,
     dist.Laplace: _location_scale(lambda d: 1.0 / d.scale**2, lambda d: 1.0 / d.scale**2),
+    dist.MultivariateNormal: _multivariate_normal_terms,
 }
 # Positive families (sampled in log(value)): terms(dist, value, log_value or None for an observed site).
 _POSITIVE_FAMILIES: dict[type, Callable] = {
@@ -384,9 +399,9 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
         for (name, term), moves, flat_ok in zip(terms, dependent, affine, strict=True):
             if term.fixed:
                 if moves:
-                    raise ValueError(f"metric='fisher' needs the bounds of the Uniform site {name!r} fixed: they move "
-                                     "with the position, and a moving support has no Fisher information. Use "
-                                     "metric='softabs' or pass your own metric callable.")
+                    raise ValueError(f"metric='fisher' needs {term.fixed} site {name!r} fixed: it moves with the "
+                                     f"position ({_FIXED_WHY[term.fixed]}). Use metric='softabs' or pass your own "
+                                     "metric callable.")
                 continue
             if term.own and not moves:  # grad q is the identity on the site's coordinates
                 own[name] = own[name] + term.weight.astype(flat.dtype)

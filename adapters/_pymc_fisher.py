@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["FisherParts", "fisher_parts", "assemble_fisher", "flatten_parts", "unflatten_parts"]
 
-REAL = ("NormalRV", "CauchyRV", "StudentTRV", "LaplaceRV")
+REAL = ("NormalRV", "CauchyRV", "StudentTRV", "LaplaceRV", "MvNormalRV")
 POSITIVE = ("HalfNormalRV", "HalfCauchyRV", "ExponentialRV", "LogNormalRV", "GammaRV", "InvGammaRV")
 INTERVAL = ("BetaRV", "UniformRV")  # sampled in the log-odds of the position in the interval
 LATENT_ONLY = ("UniformRV",)  # an observed Uniform's bounds have no regular Fisher information
@@ -35,6 +35,7 @@ LATENT_ONLY = ("UniformRV",)  # an observed Uniform's bounds have no regular Fis
 TRANSFORMS = {**dict.fromkeys(REAL, type(None)), **dict.fromkeys(POSITIVE, LogTransform),
               "BetaRV": LogOddsTransform, "UniformRV": IntervalTransform}
 BLOCK = "block"  # the offset of a term that carries a (k, k) Fisher block over k stacked parameters
+RESIDUAL_BLOCK = "residual block"  # the same over a residual value - loc: a free variable's own term
 OBSERVED_ONLY = ("BernoulliRV", "BinomialRV", "PoissonRV", "CategoricalRV", "MultinomialRV")
 
 
@@ -136,6 +137,9 @@ def _terms(kind, params, value, log_value):
         mu, sigma = params
         log_value = pt.log(value) if log_value is None else log_value
         return [(1.0 / sigma**2, log_value - mu, mu), (2.0 / sigma**2, sigma, False)]
+    if kind == "MvNormalRV":  # fixed covariance (checked by the caller): the precision over the residual
+        mu, cov = params
+        return [(pt.linalg.solve(cov, pt.eye(cov.shape[-1]), assume_a="pos"), value - mu, RESIDUAL_BLOCK)]
     if kind == "LaplaceRV":
         mu, b = params
         return [(1.0 / b**2, value - mu, mu), (1.0 / b**2, b, False)]
@@ -207,22 +211,27 @@ def fisher_parts(model, vars) -> FisherParts:
             raise ValueError(
                 f"metric='fisher' has no Fisher information for {'free' if free else 'observed'} variable "
                 f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, Laplace, HalfNormal, "
-                "HalfCauchy, Exponential, LogNormal, Gamma, InverseGamma and Beta variables and free Uniform "
-                "ones with their default transforms, and observed Bernoulli, Binomial, Poisson, Categorical "
-                "and Multinomial. Use "
+                "HalfCauchy, Exponential, LogNormal, Gamma, InverseGamma and Beta variables, free Uniform "
+                "ones and MvNormal ones with a fixed covariance, with their default transforms, and observed "
+                "Bernoulli, Binomial, Poisson, Categorical and Multinomial. Use "
                 "metric=None (SoftAbs) or pass your own metric callable."
             )
         params = model.replace_rvs_by_values(rv.owner.op.dist_params(rv.owner))
-        if kind == "UniformRV" and _depends_on(pt.stack(pt.broadcast_arrays(*params)), vars):
-            raise ValueError(f"metric='fisher' needs the bounds of the Uniform variable {rv.name!r} fixed: they "
-                             "move with the position, and a moving support has no Fisher information. Use "
-                             "metric=None (SoftAbs) or pass your own metric callable.")
+        fixed = {"UniformRV": ("the bounds of the Uniform", params, "a moving support has no Fisher information"),
+                 "MvNormalRV": ("the covariance of the MvNormal", params[1:], "its Fisher information is not "
+                                "written here")}.get(kind)
+        if fixed is not None and _depends_on(pt.concatenate([pt.as_tensor_variable(p).ravel() for p in fixed[1]]),
+                                             vars):
+            raise ValueError(f"metric='fisher' needs {fixed[0]} variable {rv.name!r} fixed: it moves with the "
+                             f"position ({fixed[2]}). Use metric=None (SoftAbs) or pass your own metric callable.")
         value = model.rvs_to_values[rv]
         shape = tuple(pt.as_tensor_variable(value).shape)  # not rv.shape: that graph holds the random variable
         draws = shape[:len(shape) - rv.owner.op.ndim_supp]  # one block per draw (a Multinomial's is a vector)
         transformed = free and kind in POSITIVE + INTERVAL
         for weight, quantity, offset in _terms(kind, params, value, value if transformed else None):
-            if isinstance(offset, str) and offset == BLOCK:
+            if isinstance(offset, str) and offset in (BLOCK, RESIDUAL_BLOCK):
+                if offset == RESIDUAL_BLOCK and free:
+                    covered.add(value)
                 if _depends_on(quantity, vars):
                     k = quantity.shape[-1]
                     blocks.append(pt.cast(pt.broadcast_to(weight, (*draws, k, k)).reshape((-1, k, k)), "float64"))

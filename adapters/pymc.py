@@ -1189,8 +1189,9 @@ class AdaptiveRMHMC(AdaptiveHMC):
         (each parameter's Fisher information through the chain rule, each free variable's own expected
         curvature; the paper's logistic-regression metric, the funnel's); ``"diagonal_fisher"``: its
         diagonal.  Normal, Cauchy, StudentT, Laplace, HalfNormal, HalfCauchy, Exponential, LogNormal,
-        Gamma, InverseGamma, Beta, free Uniform with fixed bounds, and observed Bernoulli, Binomial,
-        Poisson, Categorical, Multinomial; any other variable is a ``ValueError`` naming it.
+        Gamma, InverseGamma, Beta, free Uniform with fixed bounds, MvNormal with a fixed covariance, and
+        observed Bernoulli, Binomial, Poisson, Categorical, Multinomial; any other variable is a
+        ``ValueError`` naming it.
         A callable
         gets the flat PyTensor position (the step's value variables raveled in model order,
         transformed, e.g. ``sigma_log__``) and returns a PyTensor ``(d, d)`` symmetric

@@ -171,6 +171,36 @@ def test_observed_family_weights_equal_monte_carlo_fisher_information(name):
     np.testing.assert_allclose(metric(jnp.array([THETA]))[0, 0] - 1.0, np.mean(score**2), rtol=0.02)
 
 
+COVARIANCE = np.array([[1.0, 0.6, -0.2], [0.6, 2.0, 0.3], [-0.2, 0.3, 0.5]])
+
+
+def test_multivariate_normal_gives_its_precision_over_the_residual():
+    """theta ~ N(0, 1), x ~ MVN(theta a, S) with y ~ MVN(B x, S) observed: the exact expected Hessian,
+    [[1 + a^T P a, -(P a)^T], [-P a, P + B^T P B]] with P = S^-1, constant (zero derivative); a moving
+    covariance is refused."""
+    a, B = np.array([1.0, -0.5, 2.0]), np.array([[1.0, 0.0, 0.5], [0.0, 2.0, 0.0], [0.3, 0.0, 1.0]])
+    P = np.linalg.inv(COVARIANCE)
+
+    def model():
+        theta = numpyro.sample("a_theta", dist.Normal(0.0, 1.0))
+        x = numpyro.sample("b_x", dist.MultivariateNormal(theta * a, COVARIANCE))
+        numpyro.sample("y", dist.MultivariateNormal(jnp.asarray(B) @ x, COVARIANCE), obs=jnp.zeros(3))
+
+    expected = np.block([[1.0 + a @ P @ a, -(P @ a)[None, :]], [-(P @ a)[:, None], P + B.T @ P @ B]])
+    metric = model_fisher_metric(model)
+    position = jnp.array([0.3, 0.1, -0.4, 0.8])
+    np.testing.assert_allclose(metric(position), expected, rtol=1e-10)
+    np.testing.assert_allclose(jax.jacfwd(metric)(position), 0.0, atol=1e-10)
+    np.testing.assert_allclose(model_fisher_metric(model, diagonal=True)(position), np.diag(expected), rtol=1e-10)
+
+    def moving_covariance():
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(3), s * jnp.asarray(COVARIANCE)))
+
+    with pytest.raises(ValueError, match="covariance of the MultivariateNormal site 'x' fixed"):
+        model_fisher_metric(moving_covariance)(jnp.zeros(4))
+
+
 def test_mask_and_plate_scale_weight_the_terms():
     """A masked-out observation adds nothing; a subsampling plate scales the data's information."""
     X = jnp.asarray(np.random.default_rng(2).normal(size=(6, 2)))

@@ -80,6 +80,11 @@ def test_unsupported_variables_raise_before_sampling():
         with pytest.raises(ValueError, match="bounds of the Uniform variable 'x' fixed"):
             AdaptiveRMHMC(metric="fisher")
     with pm.Model():
+        s = pm.HalfNormal("s", 1.0)
+        pm.MvNormal("x", np.zeros(2), cov=s * np.eye(2))
+        with pytest.raises(ValueError, match="covariance of the MvNormal variable 'x' fixed"):
+            AdaptiveRMHMC(metric="fisher")
+    with pm.Model():
         pm.Uniform("y", 0.0, 2.0, observed=[0.5])
         pm.Normal("x", 0.0, 1.0)
         with pytest.raises(ValueError, match="observed variable 'y' \\(UniformRV, distribution\\)"):
@@ -161,6 +166,12 @@ FAMILIES = {
     "Beta(observed)": (lambda t: pm.Beta("b_child", pt.exp(t), 2.0 * pt.exp(-0.5 * t), observed=[0.3, 0.8]),
                        lambda d, t: d.Beta(np.e ** t * np.ones(2), 2.0 * np.exp(-0.5) ** t)),
     "Uniform": (lambda t: pm.Uniform("b_child", -1.0, 2.0), lambda d, t: d.Uniform(-1.0, 2.0)),
+    "MvNormal": (lambda t: pm.MvNormal("b_child", t * np.array([1.0, -0.5]), cov=[[1.0, 0.6], [0.6, 2.0]]),
+                 lambda d, t: d.MultivariateNormal(t * np.array([1.0, -0.5]), np.array([[1.0, 0.6], [0.6, 2.0]]))),
+    "MvNormal(observed)": (lambda t: pm.MvNormal("b_child", t * np.array([1.0, -0.5]), cov=[[1.0, 0.6], [0.6, 2.0]],
+                                                 observed=[0.3, 1.0]),
+                           lambda d, t: d.MultivariateNormal(t * np.array([1.0, -0.5]),
+                                                             np.array([[1.0, 0.6], [0.6, 2.0]]))),
     "Bernoulli": (lambda t: pm.Bernoulli("b_child", logit_p=t, observed=[0.0, 1.0]),
                   lambda d, t: d.Bernoulli(logits=t * np.ones(2))),
     "Binomial": (lambda t: pm.Binomial("b_child", n=7, p=pm.math.sigmoid(t), observed=[3.0, 5.0]),
@@ -194,11 +205,11 @@ def test_each_family_matches_the_numpyro_metric(name):
         theta = pm.Normal("a_theta", 0.0, 1.0)
         pymc_child(theta)
         step = AdaptiveRMHMC(metric="fisher")
-    position = np.array([0.4]) if observed else np.array([0.4, -0.3])
+    position = np.array([0.4]) if observed else np.array([0.4, -0.3, 0.2] if name == "MvNormal" else [0.4, -0.3])
     data = {"Bernoulli": [0.0, 1.0], "Binomial": [3.0, 5.0], "Poisson": [2.0, 0.0],
             "Gamma(observed)": [0.7, 2.0], "InverseGamma(observed)": [0.7, 2.0],
             "Beta(observed)": [0.3, 0.8], "Categorical": [0, 2], "Categorical(p)": [1, 0],
-            "Multinomial": [[2, 2, 1], [0, 1, 4]]}.get(name)
+            "Multinomial": [[2, 2, 1], [0, 1, 4]], "MvNormal(observed)": [0.3, 1.0]}.get(name)
 
     def model():
         t = numpyro.sample("a_theta", dist.Normal(0.0, 1.0))
