@@ -20,8 +20,9 @@ funnel's (``1/9 + n/2`` for ``v``, ``exp(-v)`` for each ``x_i``).
 Per family, in the unconstrained coordinates NumPyro samples in (identity for
 real support, ``log`` for positive support):
 
-* MultivariateNormal with a fixed covariance: the residual ``value - loc``
-  with the precision matrix as a k x k block;
+* MultivariateNormal: the residual ``value - loc`` with the precision matrix
+  ``P`` as a k x k block, and for a covariance ``S`` that moves with the
+  position ``1/2 tr(P dS/du_i P dS/du_j)`` (a Gaussian process's hyper-parameters);
 * location-scale families (Normal, Cauchy, StudentT, Laplace): the residual
   ``value - loc`` with the location's Fisher weight, and the scale with the
   scale's.  For these families this is the exact expected Hessian of
@@ -78,6 +79,7 @@ class Term(NamedTuple):
     own: bool = False
     offset: Any = None
     block: bool = False  # weight (..., k, k), quantity (..., k): a k-parameter Fisher block
+    covariance: bool = False  # weight P (..., k, k), quantity S (..., k, k): 1/2 tr(P dS_i P dS_j)
     fixed: str = ""  # if set, what must not move with the position ("the bounds of the Uniform"); no weight
 
 
@@ -112,15 +114,15 @@ def _log_normal_terms(d, value, log_value):
 
 
 def _multivariate_normal_terms(d, value, latent):
-    """MultivariateNormal with a fixed covariance: the residual ``value - loc`` with the precision matrix as
-    its k x k Fisher block (the exact expected Hessian, as for the Normal)."""
-    return [Term(d.precision_matrix, value - d.loc, block=True),
-            Term(jnp.zeros(()), d.scale_tril, fixed="the covariance of the MultivariateNormal")]
+    """MultivariateNormal(loc, S): the residual ``value - loc`` with the precision matrix P as its k x k
+    Fisher block (the exact expected Hessian, as for the Normal), and the covariance's Fisher information
+    1/2 tr(P dS_i P dS_j) (its term drops out when S is fixed; loc and S are orthogonal)."""
+    precision = d.precision_matrix
+    return [Term(precision, value - d.loc, block=True), Term(precision, d.covariance_matrix, covariance=True)]
 
 
 # Why a quantity must stay fixed, for the error message.
-_FIXED_WHY = {"the bounds of the Uniform": "a moving support has no Fisher information",
-              "the covariance of the MultivariateNormal": "its Fisher information is not written here"}
+_FIXED_WHY = {"the bounds of the Uniform": "a moving support has no Fisher information"}
 
 
 def _block(a, b, fisher_aa, fisher_ab, fisher_bb):
@@ -291,9 +293,15 @@ def _site_terms(name: str, site: dict, unconstrained) -> list[Term]:
         weight = term.weight
         if mask is not True or scale is not None:
             factor = (1.0 if mask is True else mask) * (1.0 if scale is None else scale)
-            extra = (1, 1) if term.block else ()  # a block's weight has two trailing parameter axes
+            extra = (1, 1) if term.block or term.covariance else ()  # a block's weight: two trailing axes
+            # The covariance term's weight P enters twice (P dS P dS): its factor as a square root.
+            factor = jnp.sqrt(factor) if term.covariance else factor
             weight = weight * jnp.reshape(factor, jnp.shape(factor) + extra)
-        if term.block:
+        if term.covariance:
+            k = term.quantity.shape[-1]
+            out.append(term._replace(weight=jnp.broadcast_to(weight, shape + (k, k)),
+                                     quantity=jnp.broadcast_to(term.quantity, shape + (k, k))))
+        elif term.block:
             k = term.quantity.shape[-1]
             out.append(term._replace(weight=jnp.broadcast_to(weight, shape + (k, k)),
                                      quantity=jnp.broadcast_to(term.quantity, shape + (k,))))
@@ -387,7 +395,7 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
         _, terms = site_terms(flat)
         chosen = [jnp.ravel(term.quantity).astype(flat.dtype)
                   for (_, term), moves, flat_ok in zip(terms, dependent, affine, strict=True)
-                  if moves and flat_ok and not term.block and not term.fixed]
+                  if moves and flat_ok and not (term.block or term.covariance or term.fixed)]
         return jnp.concatenate(chosen) if chosen else jnp.zeros((0,), flat.dtype)
 
     def parts(flat, dependent, affine):
@@ -396,6 +404,7 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
         params, terms = site_terms(flat)
         own = {name: jnp.zeros_like(value) for name, value in params.items()}
         weights, quantities, blocks, block_quantities, affine_weights = [], [], [], [], []
+        precisions, covariances = [], []
         for (name, term), moves, flat_ok in zip(terms, dependent, affine, strict=True):
             if term.fixed:
                 if moves:
@@ -405,6 +414,10 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
                 continue
             if term.own and not moves:  # grad q is the identity on the site's coordinates
                 own[name] = own[name] + term.weight.astype(flat.dtype)
+            elif moves and term.covariance:
+                k = term.quantity.shape[-1]
+                precisions.append(jnp.reshape(term.weight, (-1, k, k)).astype(flat.dtype))
+                covariances.append(jnp.reshape(term.quantity, (-1, k, k)).astype(flat.dtype))
             elif moves and flat_ok and not term.block:  # constant Jacobian: no autodiff at run time
                 affine_weights.append(jnp.ravel(jnp.broadcast_to(term.weight, jnp.shape(term.quantity)))
                                       .astype(flat.dtype))
@@ -420,7 +433,8 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
         vector = jnp.concatenate(quantities) if quantities else empty
         vector_weights = jnp.concatenate(weights) if weights else empty
         affine_vector_weights = jnp.concatenate(affine_weights) if affine_weights else empty
-        return (vector, block_quantities), (vector_weights, blocks, own_diagonal, affine_vector_weights)
+        return ((vector, block_quantities, covariances),
+                (vector_weights, blocks, own_diagonal, affine_vector_weights, precisions))
 
     return ModelFisherMetric(probe, affine_quantities, parts, diagonal)
 
@@ -457,18 +471,26 @@ class ModelFisherMetric:
 
     def __call__(self, flat):
         dependent, affine = self._route(flat)
-        (jacobian, block_jacobians), (weights, blocks, own_diagonal, affine_weights) = self._jacobian_and_parts(flat)
-        # jacobian (M, d) with weights (M,); each block's Jacobian (n, k, d) with its Fisher blocks (n, k, k)
+        (jacobian, block_jacobians, covariance_jacobians), (weights, blocks, own_diagonal, affine_weights,
+                                                            precisions) = self._jacobian_and_parts(flat)
+        # jacobian (M, d) with weights (M,); each block's Jacobian (n, k, d) with its Fisher blocks (n, k, k);
+        # each covariance's Jacobian (n, k, k, d) with its precision matrices (n, k, k)
         constant = self._affine_jacobian(flat, dependent, affine)  # (A, d) with affine_weights (A,)
+        # P dS/du_i for each covariance: 1/2 tr(P dS_i P dS_j) is half the sum of A_i[a, b] A_j[b, a]
+        products = [jnp.einsum("nab,nbcd->nacd", P, J) for J, P in zip(covariance_jacobians, precisions, strict=True)]
         if self.diagonal:
             metric = own_diagonal + jnp.sum(weights[:, None] * jacobian**2, axis=0)  # a reduce: XLA fuses it
             metric = metric + affine_weights @ (constant**2)
             for J, F in zip(block_jacobians, blocks, strict=True):
                 metric = metric + jnp.einsum("nad,nab,nbd->d", J, F, J)
+            for A in products:
+                metric = metric + 0.5 * jnp.einsum("nabd,nbad->d", A, A)
             return metric
         metric = jnp.diag(own_diagonal) + (jacobian.T * weights) @ jacobian + (constant.T * affine_weights) @ constant
         for J, F in zip(block_jacobians, blocks, strict=True):
             metric = metric + jnp.einsum("nad,nab,nbe->de", J, F, J)
+        for A in products:
+            metric = metric + 0.5 * jnp.einsum("nabd,nbae->de", A, A)
         return metric
 
     def riemannian(self) -> RiemannianMetric:

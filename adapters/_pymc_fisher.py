@@ -36,6 +36,7 @@ TRANSFORMS = {**dict.fromkeys(REAL, type(None)), **dict.fromkeys(POSITIVE, LogTr
               "BetaRV": LogOddsTransform, "UniformRV": IntervalTransform}
 BLOCK = "block"  # the offset of a term that carries a (k, k) Fisher block over k stacked parameters
 RESIDUAL_BLOCK = "residual block"  # the same over a residual value - loc: a free variable's own term
+COVARIANCE = "covariance"  # a precision P with its covariance S: 1/2 tr(P dS_i P dS_j)
 OBSERVED_ONLY = ("BernoulliRV", "BinomialRV", "PoissonRV", "CategoricalRV", "MultinomialRV")
 
 
@@ -43,25 +44,32 @@ class FisherParts(NamedTuple):
     """Expressions in the value variables: the own terms' diagonal over ``vars`` (flattened in their
     order), the quantities with their weights for the Jacobian part, and the multi-parameter blocks, one
     per variable that has them: ``(n, k)`` parameters with their ``(n, k, k)`` Fisher matrices (the
-    gammas' and Beta's k = 2, a Categorical's k = its number of categories)."""
+    gammas' and Beta's k = 2, a Categorical's k = its number of categories), and the covariances that
+    move with the position, ``(n, k, k)`` each with its precision matrices (an MvNormal's)."""
 
     own_diagonal: Any
     quantities: Any
     weights: Any
     block_quantities: tuple = ()
     blocks: tuple = ()
+    covariances: tuple = ()
+    precisions: tuple = ()
 
 
 def flatten_parts(parts: FisherParts) -> list:
     """The parts as one list of tensors (to join them into the flat position with the log density)."""
-    return [parts.own_diagonal, parts.quantities, parts.weights, *parts.block_quantities, *parts.blocks]
+    return [parts.own_diagonal, parts.quantities, parts.weights, *parts.block_quantities, *parts.blocks,
+            *parts.covariances, *parts.precisions]
 
 
-def unflatten_parts(tensors) -> FisherParts:
-    """The inverse of :func:`flatten_parts`."""
+def unflatten_parts(tensors, like: FisherParts) -> FisherParts:
+    """The inverse of :func:`flatten_parts`, for parts shaped ``like`` (the same numbers of groups)."""
     own_diagonal, quantities, weights, *rest = tensors
-    half = len(rest) // 2
-    return FisherParts(own_diagonal, quantities, weights, tuple(rest[:half]), tuple(rest[half:]))
+    groups, start = [], 0
+    for field in (like.block_quantities, like.blocks, like.covariances, like.precisions):
+        groups.append(tuple(rest[start:start + len(field)]))
+        start += len(field)
+    return FisherParts(own_diagonal, quantities, weights, *groups)
 
 
 def _logit_of(p):
@@ -137,9 +145,10 @@ def _terms(kind, params, value, log_value):
         mu, sigma = params
         log_value = pt.log(value) if log_value is None else log_value
         return [(1.0 / sigma**2, log_value - mu, mu), (2.0 / sigma**2, sigma, False)]
-    if kind == "MvNormalRV":  # fixed covariance (checked by the caller): the precision over the residual
+    if kind == "MvNormalRV":  # the precision P over the residual, and 1/2 tr(P dS_i P dS_j) for the covariance S
         mu, cov = params
-        return [(pt.linalg.solve(cov, pt.eye(cov.shape[-1]), assume_a="pos"), value - mu, RESIDUAL_BLOCK)]
+        precision = pt.linalg.solve(cov, pt.eye(cov.shape[-1]), assume_a="pos")
+        return [(precision, value - mu, RESIDUAL_BLOCK), (precision, cov, COVARIANCE)]
     if kind == "LaplaceRV":
         mu, b = params
         return [(1.0 / b**2, value - mu, mu), (1.0 / b**2, b, False)]
@@ -199,7 +208,7 @@ def fisher_parts(model, vars) -> FisherParts:
     any variable whose distribution (or transform) the metric has no Fisher information for."""
     own = {v: None for v in vars}
     covered = set()  # variables whose own term is in (on the diagonal, or with the Jacobian terms)
-    weights, quantities, blocks, block_quantities = [], [], [], []
+    weights, quantities, blocks, block_quantities, covariances, precisions = [], [], [], [], [], []
     for rv in model.free_RVs + model.observed_RVs:
         kind = type(rv.owner.op).__name__
         free = rv in model.free_RVs
@@ -211,24 +220,28 @@ def fisher_parts(model, vars) -> FisherParts:
             raise ValueError(
                 f"metric='fisher' has no Fisher information for {'free' if free else 'observed'} variable "
                 f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, Laplace, HalfNormal, "
-                "HalfCauchy, Exponential, LogNormal, Gamma, InverseGamma and Beta variables, free Uniform "
-                "ones and MvNormal ones with a fixed covariance, with their default transforms, and observed "
+                "HalfCauchy, Exponential, LogNormal, Gamma, InverseGamma, Beta and MvNormal variables and free "
+                "Uniform ones, with their default transforms, and observed "
                 "Bernoulli, Binomial, Poisson, Categorical and Multinomial. Use "
                 "metric=None (SoftAbs) or pass your own metric callable."
             )
         params = model.replace_rvs_by_values(rv.owner.op.dist_params(rv.owner))
-        fixed = {"UniformRV": ("the bounds of the Uniform", params, "a moving support has no Fisher information"),
-                 "MvNormalRV": ("the covariance of the MvNormal", params[1:], "its Fisher information is not "
-                                "written here")}.get(kind)
-        if fixed is not None and _depends_on(pt.concatenate([pt.as_tensor_variable(p).ravel() for p in fixed[1]]),
-                                             vars):
-            raise ValueError(f"metric='fisher' needs {fixed[0]} variable {rv.name!r} fixed: it moves with the "
-                             f"position ({fixed[2]}). Use metric=None (SoftAbs) or pass your own metric callable.")
+        if kind == "UniformRV" and _depends_on(pt.stack(pt.broadcast_arrays(*params)), vars):
+            raise ValueError(f"metric='fisher' needs the bounds of the Uniform variable {rv.name!r} fixed: they "
+                             "move with the position, and a moving support has no Fisher information. Use "
+                             "metric=None (SoftAbs) or pass your own metric callable.")
         value = model.rvs_to_values[rv]
         shape = tuple(pt.as_tensor_variable(value).shape)  # not rv.shape: that graph holds the random variable
         draws = shape[:len(shape) - rv.owner.op.ndim_supp]  # one block per draw (a Multinomial's is a vector)
         transformed = free and kind in POSITIVE + INTERVAL
         for weight, quantity, offset in _terms(kind, params, value, value if transformed else None):
+            if isinstance(offset, str) and offset == COVARIANCE:
+                if _depends_on(quantity, vars):
+                    k = quantity.shape[-1]
+                    covariances.append(pt.cast(pt.broadcast_to(quantity, (*draws, k, k)).reshape((-1, k, k)),
+                                               "float64"))
+                    precisions.append(pt.cast(pt.broadcast_to(weight, (*draws, k, k)).reshape((-1, k, k)), "float64"))
+                continue
             if isinstance(offset, str) and offset in (BLOCK, RESIDUAL_BLOCK):
                 if offset == RESIDUAL_BLOCK and free:
                     covered.add(value)
@@ -259,7 +272,7 @@ def fisher_parts(model, vars) -> FisherParts:
         return pt.cast(pt.concatenate(pieces), "float64")
 
     return FisherParts(own_diagonal, joined(quantities, (0,)), joined(weights, (0,)), tuple(block_quantities),
-                       tuple(blocks))
+                       tuple(blocks), tuple(covariances), tuple(precisions))
 
 
 def assemble_fisher(parts: FisherParts, flat, jacobian, diagonal: bool):
@@ -275,4 +288,11 @@ def assemble_fisher(parts: FisherParts, flat, jacobian, diagonal: bool):
         J = jacobian(quantities.ravel(), flat).reshape((-1, k, flat.shape[0]))  # (n, k, d)
         FJ = pt.sum(blocks[:, :, :, None] * J[:, None, :, :], axis=2)  # (n, k, d): F_n J_n
         metric = metric + (pt.sum(J * FJ, axis=(0, 1)) if diagonal else pt.tensordot(J, FJ, axes=[[0, 1], [0, 1]]))
+    for covariances, precisions in zip(parts.covariances, parts.precisions, strict=True):
+        n, k, d = covariances.shape[0], covariances.shape[-1], flat.shape[0]
+        J = jacobian(covariances.ravel(), flat).reshape((n, k, k * d))  # dS/du as (n, k, k d)
+        A = pt.matmul(precisions, J).reshape((n, k, k, d))  # P dS/du_i
+        At = A.transpose(0, 2, 1, 3)  # 1/2 tr(P dS_i P dS_j) = 1/2 sum over (n, a, b) of A[n,a,b,i] A[n,b,a,j]
+        metric = metric + 0.5 * (pt.sum(A * At, axis=(0, 1, 2)) if diagonal
+                                 else pt.tensordot(A, At, axes=[[0, 1, 2], [0, 1, 2]]))
     return metric

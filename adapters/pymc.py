@@ -1004,7 +1004,8 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
     givens = [(var, shared._extra_vars_shared[var.name]) for var in shared._extra_vars]
     model_metric = isinstance(metric, str) and metric in MODEL_METRICS
     # The model's Fisher metric is built on the value variables, joined into the flat position with the cost.
-    parts = flatten_parts(fisher_parts(model, step.vars)) if model_metric else []
+    fisher = fisher_parts(model, step.vars) if model_metric else None
+    parts = flatten_parts(fisher) if model_metric else []
     (cost, *joined), flat = join_nonshared_inputs(point=initial_point,
                                                   outputs=[rewrite_pregrad(model.logp()), *parts],
                                                   inputs=step.vars, make_inputs_shared=False)
@@ -1015,7 +1016,8 @@ def _geometry_function(step, metric, softabs_alpha, initial_point):
         matrix = _jacobian(-grad, flat)
     else:
         if model_metric:
-            matrix = assemble_fisher(unflatten_parts(joined), flat, _jacobian, diagonal=metric == "diagonal_fisher")
+            matrix = assemble_fisher(unflatten_parts(joined, fisher), flat, _jacobian,
+                                     diagonal=metric == "diagonal_fisher")
         else:
             matrix = pt.cast(pt.as_tensor_variable(metric(flat)), "float64")
             if matrix.ndim not in (1, 2):
@@ -1189,7 +1191,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
         (each parameter's Fisher information through the chain rule, each free variable's own expected
         curvature; the paper's logistic-regression metric, the funnel's); ``"diagonal_fisher"``: its
         diagonal.  Normal, Cauchy, StudentT, Laplace, HalfNormal, HalfCauchy, Exponential, LogNormal,
-        Gamma, InverseGamma, Beta, free Uniform with fixed bounds, MvNormal with a fixed covariance, and
+        Gamma, InverseGamma, Beta, free Uniform with fixed bounds, MvNormal (its covariance too), and
         observed Bernoulli, Binomial, Poisson, Categorical, Multinomial; any other variable is a
         ``ValueError`` naming it.
         A callable

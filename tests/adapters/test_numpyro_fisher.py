@@ -70,6 +70,7 @@ def test_logistic_regression_metric_is_the_papers():
 
 
 THETA = 0.3  # the parent's unconstrained value where the weights are checked
+COVARIANCE_2 = np.array([[1.0, 0.6], [0.6, 2.0]])
 # family(theta) for a child whose parameter depends on a standard normal parent theta.
 LATENT_FAMILIES = {
     "Normal(loc)": lambda t: dist.Normal(t, 1.5),
@@ -112,6 +113,9 @@ OBSERVED_FAMILIES = {
     "CategoricalProbs": lambda t: dist.Categorical(probs=jax.nn.softmax(jnp.array([1.0, -0.5, 0.3, 0.0]) * t)),
     "MultinomialLogits": lambda t: dist.Multinomial(5, logits=jnp.array([1.0, 0.5, -1.0]) * t),
     "MultinomialProbs": lambda t: dist.Multinomial(5, probs=jax.nn.softmax(jnp.array([0.4, -1.0, 0.0]) * t + 0.1)),
+    "MultivariateNormal(loc)": lambda t: dist.MultivariateNormal(jnp.array([1.0, -2.0]) * t, jnp.array(COVARIANCE_2)),
+    "MultivariateNormal(covariance)": lambda t: dist.MultivariateNormal(
+        jnp.zeros(2), jnp.array([[1.0 + t**2, 0.5 * t], [0.5 * t, jnp.exp(t)]])),
 }
 
 
@@ -174,10 +178,11 @@ def test_observed_family_weights_equal_monte_carlo_fisher_information(name):
 COVARIANCE = np.array([[1.0, 0.6, -0.2], [0.6, 2.0, 0.3], [-0.2, 0.3, 0.5]])
 
 
-def test_multivariate_normal_gives_its_precision_over_the_residual():
+def test_multivariate_normal_gives_its_precision_over_the_residual_and_its_covariance_information():
     """theta ~ N(0, 1), x ~ MVN(theta a, S) with y ~ MVN(B x, S) observed: the exact expected Hessian,
-    [[1 + a^T P a, -(P a)^T], [-P a, P + B^T P B]] with P = S^-1, constant (zero derivative); a moving
-    covariance is refused."""
+    [[1 + a^T P a, -(P a)^T], [-P a, P + B^T P B]] with P = S^-1, constant (zero derivative).  With
+    s ~ LogNormal(0, 1) and x ~ MVN(0, s^2 S), u = log s: 1 + 1/2 tr(P dS/du P dS/du) = 1 + 2 k for u,
+    and P / s^2 for x."""
     a, B = np.array([1.0, -0.5, 2.0]), np.array([[1.0, 0.0, 0.5], [0.0, 2.0, 0.0], [0.3, 0.0, 1.0]])
     P = np.linalg.inv(COVARIANCE)
 
@@ -193,12 +198,15 @@ def test_multivariate_normal_gives_its_precision_over_the_residual():
     np.testing.assert_allclose(jax.jacfwd(metric)(position), 0.0, atol=1e-10)
     np.testing.assert_allclose(model_fisher_metric(model, diagonal=True)(position), np.diag(expected), rtol=1e-10)
 
-    def moving_covariance():
-        s = numpyro.sample("s", dist.HalfNormal(1.0))
-        numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(3), s * jnp.asarray(COVARIANCE)))
+    def scaled():
+        s = numpyro.sample("s", dist.LogNormal(0.0, 1.0))
+        numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(3), s**2 * jnp.asarray(COVARIANCE)))
 
-    with pytest.raises(ValueError, match="covariance of the MultivariateNormal site 'x' fixed"):
-        model_fisher_metric(moving_covariance)(jnp.zeros(4))
+    u = 0.4
+    expected = np.block([[np.array([[7.0]]), np.zeros((1, 3))], [np.zeros((3, 1)), P / math.exp(2 * u)]])
+    for diagonal in (False, True):
+        got = model_fisher_metric(scaled, diagonal=diagonal)(jnp.array([u, 0.5, -1.0, 0.2]))
+        np.testing.assert_allclose(got, np.diag(expected) if diagonal else expected, rtol=1e-10)
 
 
 def test_mask_and_plate_scale_weight_the_terms():
@@ -285,16 +293,19 @@ Y_INVERSE_GAMMA = np.array([0.8, -1.5, 0.3, 2.1, -0.6])
 def conjugate():
     """Independent pieces with known posteriors: p ~ Beta(2, 3) with 4 of 10 successes (Beta(6, 9)),
     v ~ InverseGamma(3, 2) with five N(0, v) observations (InverseGamma(5.5, 2 + sum y^2 / 2)), and the
-    priors u ~ Uniform(-1, 2), l ~ Laplace(1, 0.5)."""
+    priors u ~ Uniform(-1, 2), l ~ Laplace(1, 0.5), and s ~ LogNormal(0, 0.5) with x ~ MVN(0, s^2 S) (a small
+    funnel through a moving covariance: log s ~ N(0, 0.5), x_i with variance exp(0.5) S_ii)."""
     p = numpyro.sample("p", dist.Beta(2.0, 3.0))
     numpyro.sample("k", dist.Binomial(10, probs=p), obs=jnp.array(4.0))
     v = numpyro.sample("v", dist.InverseGamma(3.0, 2.0))
     numpyro.sample("y", dist.Normal(0.0, jnp.sqrt(v)).expand([5]), obs=jnp.asarray(Y_INVERSE_GAMMA))
     numpyro.sample("u", dist.Uniform(-1.0, 2.0))
     numpyro.sample("l", dist.Laplace(1.0, 0.5))
+    s = numpyro.sample("s", dist.LogNormal(0.0, 0.5))
+    numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(3), s**2 * jnp.asarray(COVARIANCE)))
 
 
-def test_numpyro_kernel_samples_beta_inverse_gamma_uniform_and_laplace_sites():
+def test_numpyro_kernel_samples_beta_inverse_gamma_uniform_laplace_and_multivariate_normal_sites():
     mcmc = MCMC(AdaptiveRMHMC(conjugate, metric="fisher"), num_warmup=500, num_samples=1500, num_chains=4,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(4))
@@ -306,6 +317,8 @@ def test_numpyro_kernel_samples_beta_inverse_gamma_uniform_and_laplace_sites():
                          rate / ((shape - 1.0) * math.sqrt(shape - 2.0)))
     assert_moments_match(np.asarray(draws["u"]), 0.5, 3.0 / math.sqrt(12.0))
     assert_moments_match(np.asarray(draws["l"]), 1.0, 0.5 * math.sqrt(2.0))
+    assert_moments_match(np.log(np.asarray(draws["s"])), 0.0, 0.5)
+    assert_moments_match(np.asarray(draws["x"]), np.zeros(3), np.sqrt(math.exp(0.5) * np.diag(COVARIANCE)))
 
 
 def test_affine_quantities_take_a_constant_jacobian_and_give_the_same_metric(monkeypatch):

@@ -80,11 +80,6 @@ def test_unsupported_variables_raise_before_sampling():
         with pytest.raises(ValueError, match="bounds of the Uniform variable 'x' fixed"):
             AdaptiveRMHMC(metric="fisher")
     with pm.Model():
-        s = pm.HalfNormal("s", 1.0)
-        pm.MvNormal("x", np.zeros(2), cov=s * np.eye(2))
-        with pytest.raises(ValueError, match="covariance of the MvNormal variable 'x' fixed"):
-            AdaptiveRMHMC(metric="fisher")
-    with pm.Model():
         pm.Uniform("y", 0.0, 2.0, observed=[0.5])
         pm.Normal("x", 0.0, 1.0)
         with pytest.raises(ValueError, match="observed variable 'y' \\(UniformRV, distribution\\)"):
@@ -118,7 +113,8 @@ def test_hierarchical_model_moments():
 @pytest.mark.slow  # about a minute; the metric itself is checked family by family below
 def test_beta_inverse_gamma_uniform_and_laplace_variables_sample_their_posteriors():
     """The conjugate model of tests/adapters/test_numpyro_fisher.py in PyMC: p ~ Beta(2, 3) with 4 of 10
-    successes, v ~ InverseGamma(3, 2) with five N(0, v) observations, u ~ Uniform(-1, 2), l ~ Laplace(1, 0.5)."""
+    successes, v ~ InverseGamma(3, 2) with five N(0, v) observations, u ~ Uniform(-1, 2), l ~ Laplace(1, 0.5),
+    s ~ LogNormal(0, 0.5) with x ~ MvNormal(0, s^2 S)."""
     y = np.array([0.8, -1.5, 0.3, 2.1, -0.6])
     with pm.Model():
         p = pm.Beta("p", 2.0, 3.0)
@@ -127,6 +123,8 @@ def test_beta_inverse_gamma_uniform_and_laplace_variables_sample_their_posterior
         pm.Normal("y", 0.0, pm.math.sqrt(v), observed=y)
         pm.Uniform("u", -1.0, 2.0)
         pm.Laplace("l", 1.0, 0.5)
+        s = pm.LogNormal("s", 0.0, 0.5)
+        pm.MvNormal("x", np.zeros(3), cov=s**2 * COVARIANCE)
         idata = pm.sample(step=AdaptiveRMHMC(metric="fisher"), tune=500, draws=1500, chains=4, cores=1,
                           random_seed=4, **QUIET)
     post = idata.posterior
@@ -136,7 +134,19 @@ def test_beta_inverse_gamma_uniform_and_laplace_variables_sample_their_posterior
     assert_moments_match(post["v"].values, rate / (shape - 1.0), rate / ((shape - 1.0) * math.sqrt(shape - 2.0)))
     assert_moments_match(post["u"].values, 0.5, 3.0 / math.sqrt(12.0))
     assert_moments_match(post["l"].values, 1.0, 0.5 * math.sqrt(2.0))
+    assert_moments_match(np.log(post["s"].values), 0.0, 0.5)
+    assert_moments_match(post["x"].values, np.zeros(3), np.sqrt(math.exp(0.5) * np.diag(COVARIANCE)))
     assert idata.sample_stats["fixed_point_converged"].values.mean() > 0.9
+
+
+COVARIANCE = np.array([[1.0, 0.6, -0.2], [0.6, 2.0, 0.3], [-0.2, 0.3, 0.5]])
+
+
+def _moving_covariance(xp, t):
+    """A 2 x 2 covariance that moves with t, in PyTensor (``xp = pt``) or JAX (``xp = "jax"``)."""
+    if xp == "jax":
+        import jax.numpy as xp
+    return xp.stack([xp.stack([1.0 + t**2, 0.5 * t]), xp.stack([0.5 * t, xp.exp(t)])])
 
 
 # Each family as a child of a standard normal parent theta, in PyMC and in NumPyro (whose weights
@@ -176,6 +186,11 @@ FAMILIES = {
                   lambda d, t: d.Bernoulli(logits=t * np.ones(2))),
     "Binomial": (lambda t: pm.Binomial("b_child", n=7, p=pm.math.sigmoid(t), observed=[3.0, 5.0]),
                  lambda d, t: d.Binomial(7, probs=1.0 / (1.0 + np.e ** -t) * np.ones(2))),
+    "MvNormal(covariance)": (lambda t: pm.MvNormal("b_child", np.zeros(2), cov=_moving_covariance(pt, t)),
+                             lambda d, t: d.MultivariateNormal(np.zeros(2), _moving_covariance("jax", t))),
+    "MvNormal(covariance, observed)": (
+        lambda t: pm.MvNormal("b_child", np.zeros(2), cov=_moving_covariance(pt, t), observed=[[0.3, 1.0], [-1, 2]]),
+        lambda d, t: d.MultivariateNormal(np.zeros(2), _moving_covariance("jax", t))),
     "Categorical": (lambda t: pm.Categorical("b_child", logit_p=pt.as_tensor([1.0, 0.5, -1.0]) * t, observed=[0, 2]),
                     lambda d, t: d.Categorical(logits=np.array([[1.0, 0.5, -1.0]] * 2) * t)),
     # p not written as a softmax in the graph: its logits are taken as log p
@@ -199,17 +214,18 @@ def test_each_family_matches_the_numpyro_metric(name):
     from ahmc.adapters.numpyro import model_fisher_metric
 
     pymc_child, numpyro_child = FAMILIES[name]
-    observed = name.startswith(("Bernoulli", "Binomial", "Poisson", "Categorical", "Multinomial")) or name.endswith(
-        "(observed)")
+    observed = name.startswith(("Bernoulli", "Binomial", "Poisson", "Categorical", "Multinomial")) or "observed" in name
     with pm.Model():
         theta = pm.Normal("a_theta", 0.0, 1.0)
         pymc_child(theta)
         step = AdaptiveRMHMC(metric="fisher")
-    position = np.array([0.4]) if observed else np.array([0.4, -0.3, 0.2] if name == "MvNormal" else [0.4, -0.3])
+    position = np.array([0.4]) if observed else np.array([0.4, -0.3, 0.2] if name.startswith("MvNormal")
+                                                         else [0.4, -0.3])
     data = {"Bernoulli": [0.0, 1.0], "Binomial": [3.0, 5.0], "Poisson": [2.0, 0.0],
             "Gamma(observed)": [0.7, 2.0], "InverseGamma(observed)": [0.7, 2.0],
             "Beta(observed)": [0.3, 0.8], "Categorical": [0, 2], "Categorical(p)": [1, 0],
-            "Multinomial": [[2, 2, 1], [0, 1, 4]], "MvNormal(observed)": [0.3, 1.0]}.get(name)
+            "Multinomial": [[2, 2, 1], [0, 1, 4]], "MvNormal(observed)": [0.3, 1.0],
+            "MvNormal(covariance, observed)": [[0.3, 1.0], [-1, 2]]}.get(name)
 
     def model():
         t = numpyro.sample("a_theta", dist.Normal(0.0, 1.0))
