@@ -207,6 +207,10 @@ def test_multivariate_normal_gives_its_precision_over_the_residual_and_its_covar
     for diagonal in (False, True):
         got = model_fisher_metric(scaled, diagonal=diagonal)(jnp.array([u, 0.5, -1.0, 0.2]))
         np.testing.assert_allclose(got, np.diag(expected) if diagonal else expected, rtol=1e-10)
+    # A scale of 3 on every site triples every term, the covariance's included (entered once): 3 (1 + 6) for u.
+    triple = model_fisher_metric(numpyro.handlers.scale(scaled, scale=3.0))(jnp.array([u, 0.5, -1.0, 0.2]))
+    np.testing.assert_allclose(triple, np.block([[np.array([[21.0]]), np.zeros((1, 3))],
+                                                 [np.zeros((3, 1)), 3.0 * P / math.exp(2 * u)]]), rtol=1e-10)
 
 
 def test_mask_and_plate_scale_weight_the_terms():
