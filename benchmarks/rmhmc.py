@@ -33,6 +33,9 @@ Samplers (4 chains, the same starting points, ``init + Uniform(-2, 2)``):
 * ``armhmc_diagonal_fisher`` (funnel only): ARMHMC with the diagonal of the metric that
   ``AdaptiveRMHMC(model, metric="diagonal_fisher")`` reads off the funnel's NumPyro model
   (``model_fisher_metric``): the hand-written ``armhmc_fisher`` metric, built with nothing from the user.
+* ``armhmc_model_fisher`` (NumPyro models): the whole (d, d) metric of ``metric="fisher"``.
+* ``gp_pois_regr_centered``: posteriordb's gp_pois_regr with ``f ~ MVN(0, K(rho, alpha))`` (centered),
+  scored against the non-centered reference; its metric holds the covariance's Fisher information.
 
 Cost: one unit per log-density gradient and one per metric evaluation
 (``EngineInfo.num_gradient_evals``; see ``ahmc.adapters._jax_rmhmc``); NUTS:
@@ -152,8 +155,55 @@ def eight_schools_centered_model() -> Model:
                  reference="eight_schools-eight_schools_noncentered", derived_fn=derived_fn)
 
 
+GP_POSTERIOR = "gp_pois_regr-gp_pois_regr"
+
+
+def gp_pois_regr_centered_numpyro():
+    """posteriordb's gp_pois_regr with the latent field *centered*, ``f ~ MVN(0, K(rho, alpha))`` (the
+    posteriordb model draws ``f_tilde ~ N(0, I)`` and sets ``f = chol(K) f_tilde``): the same posterior,
+    whose metric needs the covariance's Fisher information for rho and alpha."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    from .posteriordb import load_data
+
+    data = load_data(GP_POSTERIOR)
+    x, counts = jnp.asarray(data["x"], float), jnp.asarray(data["k"])
+
+    def model():
+        rho = numpyro.sample("rho", dist.Gamma(25.0, 4.0))
+        alpha = numpyro.sample("alpha", dist.HalfNormal(2.0))
+        cov = alpha**2 * jnp.exp(-((x[:, None] - x[None, :]) ** 2) / (2 * rho**2)) + 1e-10 * jnp.eye(data["N"])
+        f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(data["N"]), cov))
+        numpyro.sample("k", dist.Poisson(jnp.exp(f)), obs=counts)
+
+    return model
+
+
+def gp_pois_regr_centered_model() -> Model:
+    """The flat log density NumPyro gives the centered model: position (log alpha, f_1..11, log rho)."""
+    import jax
+    from jax.flatten_util import ravel_pytree
+    from numpyro.infer.util import initialize_model
+
+    info = initialize_model(jax.random.key(0), gp_pois_regr_centered_numpyro())
+    flat, unravel = ravel_pytree(info.param_info.z)
+
+    def logdensity_fn(x):
+        return -info.potential_fn(unravel(x))
+
+    def derived_fn(draws):
+        return {"alpha": np.exp(draws[..., 0]), "f": draws[..., 1:-1], "rho": np.exp(draws[..., -1])}
+
+    return Model("gp_pois_regr_centered", logdensity_fn, flat.shape[0], np.zeros(flat.shape[0]),
+                 "gp_pois_regr with the latent field centered (NumPyro)", reference=GP_POSTERIOR,
+                 derived_fn=derived_fn)
+
+
 NUMPYRO_MODELS = {"funnel": lambda model: funnel_numpyro_model(model.dim),
-                  "eight_schools_centered": lambda model: eight_schools_centered_numpyro()}
+                  "eight_schools_centered": lambda model: eight_schools_centered_numpyro(),
+                  "gp_pois_regr_centered": lambda model: gp_pois_regr_centered_numpyro()}
 
 
 def build_model(name: str) -> Model:
@@ -161,13 +211,15 @@ def build_model(name: str) -> Model:
         return funnel_model()
     if name == "eight_schools_centered":
         return eight_schools_centered_model()
+    if name == "gp_pois_regr_centered":
+        return gp_pois_regr_centered_model()
     return get_model(name)
 
 
 def metric_for(name: str):
     from ahmc.adapters.blackjax import fisher_logistic_metric
 
-    if name in ("funnel", "eight_schools_centered"):
+    if name in ("funnel", *NUMPYRO_MODELS):
         return "softabs"
     features, _, _ = LOGISTIC[name]()
     design = np.column_stack([np.ones(len(features)), standardize(np.asarray(features, dtype=np.float64))])
@@ -343,6 +395,18 @@ def _armhmc_diagonal_fisher(rng_key, model, positions, num_warmup, num_samples, 
                       model_fisher_metric(NUMPYRO_MODELS[model.name](model), diagonal=True), **options)
 
 
+def _armhmc_model_fisher(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+    """ARMHMC with the whole metric ``AdaptiveRMHMC(model, metric="fisher")`` builds from the NumPyro model's
+    sites (``model_fisher_metric(model)``, a (d, d) matrix): for models whose sites tie coordinates together."""
+    from ahmc.adapters.numpyro import model_fisher_metric
+
+    del metric
+    if model.name not in NUMPYRO_MODELS:
+        raise ValueError(f"armhmc_model_fisher needs a NumPyro model: {', '.join(NUMPYRO_MODELS)}")
+    return run_armhmc(rng_key, model, positions, num_warmup, num_samples,
+                      model_fisher_metric(NUMPYRO_MODELS[model.name](model)), **options)
+
+
 def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
     """ARMHMC with ``min_steps_fraction=0.5``: ``L_t ~ U{ceil(L/2)..L}``, closer to the fixed-``L``
     trajectories of the hand-set RMHMC than the paper's ``U{1..L}``."""
@@ -377,13 +441,14 @@ def runner(name: str):
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
             "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "armhmc_fisher": _armhmc_fisher,
             "armhmc_fisher_dense": _armhmc_fisher_dense, "armhmc_diagonal_softabs": _armhmc_diagonal_softabs,
-            "armhmc_diagonal_fisher": _armhmc_diagonal_fisher,
+            "armhmc_diagonal_fisher": _armhmc_diagonal_fisher, "armhmc_model_fisher": _armhmc_model_fisher,
             "blackjax_nuts": _nuts, "blackjax_nuts_sequential": _nuts_sequential,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
 PLAN = {"pima": LOGISTIC_PLAN, "ripley": LOGISTIC_PLAN, "breast_cancer": LOGISTIC_PLAN,
         "funnel": ("armhmc", "armhmc_fisher", "blackjax_nuts", "blackjax_nuts_sequential"),
-        "eight_schools_centered": ("armhmc_diagonal_fisher", "armhmc", "blackjax_nuts_sequential")}
+        "eight_schools_centered": ("armhmc_diagonal_fisher", "armhmc", "blackjax_nuts_sequential"),
+        "gp_pois_regr_centered": ("armhmc_model_fisher", "armhmc_diagonal_fisher", "blackjax_nuts_sequential")}
 
 
 def funnel_features(draws: np.ndarray) -> np.ndarray:
@@ -598,7 +663,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
                                        f"| {r['reference_z']['max_abs_z_reference_sq']:.2f} |")
     if reference_lines:
         lines += ["", "Against the posteriordb reference (eight schools: the non-centered posterior, the same "
-                  "distribution of mu, tau and theta):", "",
+                  "distribution of mu, tau and theta; gp_pois_regr_centered: posteriordb's gp_pois_regr, the same "
+                  "distribution of rho, alpha and f):", "",
                   "| model | sampler | max abs z of the means | max abs z of the mean squares |", "|---|---|---|---|",
                   *reference_lines]
     if truth_lines:

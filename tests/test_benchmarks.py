@@ -1183,3 +1183,35 @@ def test_centered_eight_schools_density_and_reference_scoring(monkeypatch, tmp_p
     assert z["max_abs_z_reference"] < 4  # means at the reference's: small z
     assert z["max_abs_z_reference_sq"] > 4  # a spread of 0.01 misses the posterior's mean squares
     assert "Against the posteriordb reference" in out.with_suffix(".md").read_text()
+
+
+def test_centered_gp_density_and_its_derived_quantities():
+    """The RMHMC benchmark's centered gp_pois_regr: NumPyro's flat log density (log alpha, f_1..11, log rho)
+    equals the model written out (up to a constant), and the draws map to the reference's rho, alpha, f."""
+    pytest.importorskip("numpyro")
+    import jax
+    from scipy import stats
+
+    from benchmarks import rmhmc
+    from benchmarks.posteriordb import load_data
+
+    model = rmhmc.gp_pois_regr_centered_model()
+    data = load_data(rmhmc.GP_POSTERIOR)
+    x, counts = np.asarray(data["x"], float), np.asarray(data["k"])
+    assert model.dim == 13
+
+    def by_hand(point):
+        alpha, f, rho = np.exp(point[0]), point[1:-1], np.exp(point[-1])
+        cov = alpha**2 * np.exp(-((x[:, None] - x[None, :]) ** 2) / (2 * rho**2)) + 1e-10 * np.eye(len(x))
+        return (stats.gamma.logpdf(rho, 25.0, scale=1 / 4.0) + point[-1] + stats.halfnorm.logpdf(alpha, scale=2.0)
+                + point[0] + stats.multivariate_normal.logpdf(f, np.zeros(len(x)), cov)
+                + stats.poisson.logpmf(counts, np.exp(f)).sum())
+
+    points = np.r_[np.log(2.9), np.full(11, 3.0), np.log(5.7)] + 0.1 * np.random.default_rng(3).normal(size=(3, 13))
+    with jax.enable_x64(True):
+        ours = [float(model.logdensity_fn(jax.numpy.asarray(p))) for p in points]
+    np.testing.assert_allclose(np.diff(ours), np.diff([by_hand(p) for p in points]), rtol=1e-7)
+    derived = model.derived_fn(points[None])
+    np.testing.assert_allclose(derived["rho"][0], np.exp(points[:, -1]))
+    np.testing.assert_allclose(derived["alpha"][0], np.exp(points[:, 0]))
+    np.testing.assert_allclose(derived["f"][0], points[:, 1:-1])
