@@ -136,23 +136,31 @@ def eight_schools_centered_numpyro():
     return model
 
 
-def eight_schools_centered_model() -> Model:
-    """The flat log density NumPyro gives the centered model: position (mu, log tau, theta_1..8)."""
+def _numpyro_flat_model(numpyro_model, name: str, description: str, reference: str, derived_fn) -> Model:
+    """The flat log density NumPyro gives ``numpyro_model`` (its unconstrained sites raveled in sorted-name
+    order), started at the origin, scored against the posteriordb ``reference``."""
     import jax
     from jax.flatten_util import ravel_pytree
     from numpyro.infer.util import initialize_model
 
-    info = initialize_model(jax.random.key(0), eight_schools_centered_numpyro())
-    _, unravel = ravel_pytree(info.param_info.z)
+    info = initialize_model(jax.random.key(0), numpyro_model)
+    flat, unravel = ravel_pytree(info.param_info.z)
 
     def logdensity_fn(x):
         return -info.potential_fn(unravel(x))
 
+    return Model(name, logdensity_fn, flat.shape[0], np.zeros(flat.shape[0]), description, reference=reference,
+                 derived_fn=derived_fn)
+
+
+def eight_schools_centered_model() -> Model:
+    """The centered model's flat log density: position (mu, log tau, theta_1..8)."""
     def derived_fn(draws):
         return {"mu": draws[..., 0], "tau": np.exp(draws[..., 1]), "theta": draws[..., 2:]}
 
-    return Model("eight_schools_centered", logdensity_fn, 10, np.zeros(10), "eight schools, centered (NumPyro)",
-                 reference="eight_schools-eight_schools_noncentered", derived_fn=derived_fn)
+    return _numpyro_flat_model(eight_schools_centered_numpyro(), "eight_schools_centered",
+                               "eight schools, centered (NumPyro)", "eight_schools-eight_schools_noncentered",
+                               derived_fn)
 
 
 GP_POSTERIOR = "gp_pois_regr-gp_pois_regr"
@@ -182,23 +190,12 @@ def gp_pois_regr_centered_numpyro():
 
 
 def gp_pois_regr_centered_model() -> Model:
-    """The flat log density NumPyro gives the centered model: position (log alpha, f_1..11, log rho)."""
-    import jax
-    from jax.flatten_util import ravel_pytree
-    from numpyro.infer.util import initialize_model
-
-    info = initialize_model(jax.random.key(0), gp_pois_regr_centered_numpyro())
-    flat, unravel = ravel_pytree(info.param_info.z)
-
-    def logdensity_fn(x):
-        return -info.potential_fn(unravel(x))
-
+    """The centered model's flat log density: position (log alpha, f_1..11, log rho)."""
     def derived_fn(draws):
         return {"alpha": np.exp(draws[..., 0]), "f": draws[..., 1:-1], "rho": np.exp(draws[..., -1])}
 
-    return Model("gp_pois_regr_centered", logdensity_fn, flat.shape[0], np.zeros(flat.shape[0]),
-                 "gp_pois_regr with the latent field centered (NumPyro)", reference=GP_POSTERIOR,
-                 derived_fn=derived_fn)
+    return _numpyro_flat_model(gp_pois_regr_centered_numpyro(), "gp_pois_regr_centered",
+                               "gp_pois_regr with the latent field centered (NumPyro)", GP_POSTERIOR, derived_fn)
 
 
 NUMPYRO_MODELS = {"funnel": lambda model: funnel_numpyro_model(model.dim),
