@@ -72,7 +72,8 @@ class Term(NamedTuple):
     position (or is None), ``grad q`` is the identity on the site's coordinates and the term adds
     ``weight`` to the metric's diagonal there, with no autodiff.  A ``block`` term carries a
     distribution's whole ``(k, k)`` Fisher matrix over its ``k`` parameters (Gamma's, whose
-    parameters are correlated)."""
+    parameters are correlated); a ``covariance`` term a MultivariateNormal's precision with its
+    covariance; a ``fixed`` term a support's bounds, which must not move."""
 
     weight: Any
     quantity: Any
@@ -80,7 +81,7 @@ class Term(NamedTuple):
     offset: Any = None
     block: bool = False  # weight (..., k, k), quantity (..., k): a k-parameter Fisher block
     covariance: bool = False  # weight P (..., k, k), quantity S (..., k, k): 1/2 tr(P dS_i P dS_j)
-    fixed: str = ""  # if set, what must not move with the position ("the bounds of the Uniform"); no weight
+    fixed: str = ""  # if set, the bounds of this support, which must not move with the position; no weight
 
 
 def _location_scale(loc_weight, scale_weight):
@@ -119,10 +120,6 @@ def _multivariate_normal_terms(d, value, latent):
     1/2 tr(P dS_i P dS_j) (its term drops out when S is fixed; loc and S are orthogonal)."""
     precision = d.precision_matrix
     return [Term(precision, value - d.loc, block=True), Term(precision, d.covariance_matrix, covariance=True)]
-
-
-# Why a quantity must stay fixed, for the error message.
-_FIXED_WHY = {"the bounds of the Uniform": "a moving support has no Fisher information"}
 
 
 def _block(a, b, fisher_aa, fisher_ab, fisher_bb):
@@ -283,8 +280,7 @@ def _site_terms(name: str, site: dict, unconstrained) -> list[Term]:
         raise ValueError(
             f"metric='fisher' has no Fisher information for the {kind} site {name!r} ({family.__name__}); it "
             f"supports {', '.join(supported_distributions())} (observed-only for the discrete ones, latent-only "
-            "for Uniform). Use "
-            "metric='softabs' or pass your own metric callable."
+            "for Uniform). Use metric='softabs' or pass your own metric callable."
         )
     scale = site.get("scale")
     shape = jnp.shape(value)[:jnp.ndim(value) - fn.event_dim]  # one term per draw (a Multinomial's is a vector)
@@ -297,14 +293,11 @@ def _site_terms(name: str, site: dict, unconstrained) -> list[Term]:
             # The covariance term's weight P enters twice (P dS P dS): its factor as a square root.
             factor = jnp.sqrt(factor) if term.covariance else factor
             weight = weight * jnp.reshape(factor, jnp.shape(factor) + extra)
-        if term.covariance:
+        if term.block or term.covariance:  # (k, k) weights over k parameters, or over a (k, k) covariance
             k = term.quantity.shape[-1]
+            tail = term.quantity.shape[-2:] if term.covariance else (k,)
             out.append(term._replace(weight=jnp.broadcast_to(weight, shape + (k, k)),
-                                     quantity=jnp.broadcast_to(term.quantity, shape + (k, k))))
-        elif term.block:
-            k = term.quantity.shape[-1]
-            out.append(term._replace(weight=jnp.broadcast_to(weight, shape + (k, k)),
-                                     quantity=jnp.broadcast_to(term.quantity, shape + (k,))))
+                                     quantity=jnp.broadcast_to(term.quantity, shape + tail)))
         else:
             out.append(term._replace(weight=jnp.broadcast_to(weight, shape)))
     return out
@@ -409,8 +402,8 @@ def fisher_from_model(model, model_args, model_kwargs, unravel: Callable, diagon
             if term.fixed:
                 if moves:
                     raise ValueError(f"metric='fisher' needs {term.fixed} site {name!r} fixed: it moves with the "
-                                     f"position ({_FIXED_WHY[term.fixed]}). Use metric='softabs' or pass your own "
-                                     "metric callable.")
+                                     "position (a moving support has no Fisher information). Use metric='softabs' "
+                                     "or pass your own metric callable.")
                 continue
             if term.own and not moves:  # grad q is the identity on the site's coordinates
                 own[name] = own[name] + term.weight.astype(flat.dtype)

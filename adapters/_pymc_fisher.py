@@ -198,6 +198,11 @@ def _terms(kind, params, value, log_value):
     raise AssertionError(kind)
 
 
+def _per_draw(x, draws, tail):
+    """``x`` broadcast to ``draws + tail`` and flattened to ``(n, *tail)``, one row per draw, in float64."""
+    return pt.cast(pt.broadcast_to(x, (*draws, *tail)).reshape((-1, *tail)), "float64")
+
+
 def _depends_on(expression, variables) -> bool:
     wanted = set(variables)
     return any(v in wanted for v in ancestors([pt.as_tensor_variable(expression)]))
@@ -221,9 +226,8 @@ def fisher_parts(model, vars) -> FisherParts:
                 f"metric='fisher' has no Fisher information for {'free' if free else 'observed'} variable "
                 f"{rv.name!r} ({kind}, {what}); it supports Normal, Cauchy, StudentT, Laplace, HalfNormal, "
                 "HalfCauchy, Exponential, LogNormal, Gamma, InverseGamma, Beta and MvNormal variables and free "
-                "Uniform ones, with their default transforms, and observed "
-                "Bernoulli, Binomial, Poisson, Categorical and Multinomial. Use "
-                "metric=None (SoftAbs) or pass your own metric callable."
+                "Uniform ones, with their default transforms, and observed Bernoulli, Binomial, Poisson, "
+                "Categorical and Multinomial. Use metric=None (SoftAbs) or pass your own metric callable."
             )
         params = model.replace_rvs_by_values(rv.owner.op.dist_params(rv.owner))
         if kind == "UniformRV" and _depends_on(pt.stack(pt.broadcast_arrays(*params)), vars):
@@ -238,18 +242,16 @@ def fisher_parts(model, vars) -> FisherParts:
             if isinstance(offset, str) and offset == COVARIANCE:
                 if _depends_on(quantity, vars):
                     k = quantity.shape[-1]
-                    covariances.append(pt.cast(pt.broadcast_to(quantity, (*draws, k, k)).reshape((-1, k, k)),
-                                               "float64"))
-                    precisions.append(pt.cast(pt.broadcast_to(weight, (*draws, k, k)).reshape((-1, k, k)), "float64"))
+                    covariances.append(_per_draw(quantity, draws, (k, k)))
+                    precisions.append(_per_draw(weight, draws, (k, k)))
                 continue
             if isinstance(offset, str) and offset in (BLOCK, RESIDUAL_BLOCK):
                 if offset == RESIDUAL_BLOCK and free:
                     covered.add(value)
                 if _depends_on(quantity, vars):
                     k = quantity.shape[-1]
-                    blocks.append(pt.cast(pt.broadcast_to(weight, (*draws, k, k)).reshape((-1, k, k)), "float64"))
-                    block_quantities.append(pt.cast(pt.broadcast_to(quantity, (*draws, k)).reshape((-1, k)),
-                                                    "float64"))
+                    blocks.append(_per_draw(weight, draws, (k, k)))
+                    block_quantities.append(_per_draw(quantity, draws, (k,)))
                 continue
             weight = pt.broadcast_to(pt.as_tensor_variable(weight), shape)
             if free and offset is not False and value in own:  # the variable's own term

@@ -204,13 +204,9 @@ NUMPYRO_MODELS = {"funnel": lambda model: funnel_numpyro_model(model.dim),
 
 
 def build_model(name: str) -> Model:
-    if name == "funnel":
-        return funnel_model()
-    if name == "eight_schools_centered":
-        return eight_schools_centered_model()
-    if name == "gp_pois_regr_centered":
-        return gp_pois_regr_centered_model()
-    return get_model(name)
+    builders = {"funnel": funnel_model, "eight_schools_centered": eight_schools_centered_model,
+                "gp_pois_regr_centered": gp_pois_regr_centered_model}
+    return builders[name]() if name in builders else get_model(name)
 
 
 def metric_for(name: str):
@@ -380,28 +376,22 @@ def _armhmc_diagonal_softabs(rng_key, model, positions, num_warmup, num_samples,
     return run_armhmc(rng_key, model, positions, num_warmup, num_samples, "diagonal_softabs", **options)
 
 
-def _armhmc_diagonal_fisher(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
-    """ARMHMC with the metric ``AdaptiveRMHMC(model, metric="diagonal_fisher")`` builds from the NumPyro
-    model's sites (``model_fisher_metric(model, diagonal=True)``): nothing from the user."""
-    from ahmc.adapters.numpyro import model_fisher_metric
+def _model_fisher(diagonal: bool):
+    """ARMHMC with the metric ``AdaptiveRMHMC(model, metric="diagonal_fisher")`` (``diagonal``) or
+    ``metric="fisher"`` (the whole (d, d) matrix, for models whose sites tie coordinates together) builds
+    from the NumPyro model's sites (``model_fisher_metric``): nothing from the user."""
+    name = "armhmc_diagonal_fisher" if diagonal else "armhmc_model_fisher"
 
-    del metric
-    if model.name not in NUMPYRO_MODELS:
-        raise ValueError(f"armhmc_diagonal_fisher needs a NumPyro model: {', '.join(NUMPYRO_MODELS)}")
-    return run_armhmc(rng_key, model, positions, num_warmup, num_samples,
-                      model_fisher_metric(NUMPYRO_MODELS[model.name](model), diagonal=True), **options)
+    def sampler(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
+        from ahmc.adapters.numpyro import model_fisher_metric
 
+        del metric
+        if model.name not in NUMPYRO_MODELS:
+            raise ValueError(f"{name} needs a NumPyro model: {', '.join(NUMPYRO_MODELS)}")
+        return run_armhmc(rng_key, model, positions, num_warmup, num_samples,
+                          model_fisher_metric(NUMPYRO_MODELS[model.name](model), diagonal=diagonal), **options)
 
-def _armhmc_model_fisher(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
-    """ARMHMC with the whole metric ``AdaptiveRMHMC(model, metric="fisher")`` builds from the NumPyro model's
-    sites (``model_fisher_metric(model)``, a (d, d) matrix): for models whose sites tie coordinates together."""
-    from ahmc.adapters.numpyro import model_fisher_metric
-
-    del metric
-    if model.name not in NUMPYRO_MODELS:
-        raise ValueError(f"armhmc_model_fisher needs a NumPyro model: {', '.join(NUMPYRO_MODELS)}")
-    return run_armhmc(rng_key, model, positions, num_warmup, num_samples,
-                      model_fisher_metric(NUMPYRO_MODELS[model.name](model)), **options)
+    return sampler
 
 
 def _armhmc_upper_half(rng_key, model, positions, num_warmup, num_samples, metric, **options) -> SamplerRun:
@@ -438,7 +428,8 @@ def runner(name: str):
 SAMPLERS = {"armhmc": run_armhmc, "armhmc_upper_half": _armhmc_upper_half, "armhmc_paper_box": _armhmc_paper_box,
             "armhmc_no_penalty": _armhmc_no_penalty, "armhmc_fp10": _armhmc_fp10, "armhmc_fisher": _armhmc_fisher,
             "armhmc_fisher_dense": _armhmc_fisher_dense, "armhmc_diagonal_softabs": _armhmc_diagonal_softabs,
-            "armhmc_diagonal_fisher": _armhmc_diagonal_fisher, "armhmc_model_fisher": _armhmc_model_fisher,
+            "armhmc_diagonal_fisher": _model_fisher(diagonal=True),
+            "armhmc_model_fisher": _model_fisher(diagonal=False),
             "blackjax_nuts": _nuts, "blackjax_nuts_sequential": _nuts_sequential,
             **{name: _fixed(*parameters) for name, parameters in FIXED.items()}}
 LOGISTIC_PLAN = ("armhmc", *FIXED)
