@@ -1215,3 +1215,20 @@ def test_centered_gp_density_and_its_derived_quantities():
     np.testing.assert_allclose(derived["rho"][0], np.exp(points[:, -1]))
     np.testing.assert_allclose(derived["alpha"][0], np.exp(points[:, 0]))
     np.testing.assert_allclose(derived["f"][0], points[:, 1:-1])
+
+
+def test_warmup_cost_splits_the_gradients_by_phase_and_restores_the_early_cap():
+    from ahmc.adapters import _jax_engine
+    from benchmarks.warmup_cost import PHASES, phase_bounds, run_one, table
+
+    assert phase_bounds(1000, 0.5) == [(0, 100), (100, 500), (500, 1000), (1000, None)]  # Stan's first window
+    saved = _jax_engine.EARLY_MAX_STEPS
+    record = run_one(models.get_model("std_gauss_10"), 0, {"early_max_steps": 1}, num_warmup=200, num_samples=100)
+    assert _jax_engine.EARLY_MAX_STEPS == saved
+    steps = record["steps_per_iteration"]
+    assert steps["early"] == 1.0 and steps["gp_warmup"] > 1.0  # the cap holds only until the first window
+    lengths = [b - a for a, b in phase_bounds(200, 0.5)[:3]]
+    assert sum(steps[p] * n * 4 for p, n in zip(PHASES, lengths)) == pytest.approx(record["grads_warmup"])
+    assert steps["sampling"] * 100 * 4 == pytest.approx(record["grads_sampling"])
+    text = table([{"variant": "cap 1", **record}, {"variant": "cap 1", **record}])
+    assert "| std_gauss_10 | cap 1 | 2 |" in text and "± 0 |" in text
