@@ -102,6 +102,7 @@ def run(argv) -> dict:
 
     jax.config.update("jax_enable_x64", True)
     from .models import get_model
+    from .run import free_compiled_programs
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.warmup_cost run")
     parser.add_argument("--models", required=True)
@@ -122,6 +123,7 @@ def run(argv) -> dict:
                 if (name, seed, label) in done:
                     continue
                 record = {"variant": label, **run_one(model, seed, options)}
+                free_compiled_programs()  # else the programs' memory maps pile up until XLA's compiler fails
                 results["records"].append(record)
                 output.write_text(json.dumps(results, indent=1))
                 print(json.dumps(record), flush=True)
