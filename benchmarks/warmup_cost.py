@@ -1,7 +1,7 @@
 """Where AHMC's warm-up gradients go, and what two warm-up variants change.
 
     ./dev run python -m benchmarks.warmup_cost run --models pima,ripley --seeds 0,1,2 --output OUT.json
-    ./dev run python -m benchmarks.warmup_cost table OUT.json [MORE.json ...]
+    ./dev run python -m benchmarks.warmup_cost table OUT.json [MORE.json ...] > OUT.md
 
 ``run`` repeats the benchmark's ``ahmc_blackjax`` run (same keys, starting points and 1000 + 1000
 draws, so the default's seed-0 rows are the full run's) for each model, seed and variant, and records
@@ -138,8 +138,14 @@ def main(argv=None):
     if argv[0] == "run":
         run(argv[1:])
     else:
-        records = [r for path in argv[1:] for r in _load(Path(path))["records"]]
-        print(table(records))
+        files = [_load(Path(path)) for path in argv[1:]]
+        commands = list(dict.fromkeys(c for f in files for c in f["commands"]))
+        print("# AHMC's warm-up gradients by part of the run (`ahmc_blackjax`, 4 chains, 1000 + 1000 draws)\n")
+        print("Made by:\n")
+        print("\n".join(f"    {c}" for c in commands) + "\n")
+        print("Means over seeds ± standard error; min bulk ESS over the coordinates (and over their squares), "
+              "per gradient of the sampling phase and counting warm-up's too.\n")
+        print(table([r for f in files for r in f["records"]]))
 
 
 if __name__ == "__main__":
