@@ -19,6 +19,7 @@ of such files.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -59,7 +60,8 @@ def run_one(model, seed: int, options: dict, num_warmup: int = 1000, num_samples
     finally:
         _jax_engine.EARLY_MAX_STEPS = saved
     steps = np.asarray(run.keep["tuning"]["info"]["num_integration_steps"]).mean(axis=1)
-    bounds = phase_bounds(num_warmup, options.get("metric_fraction", 0.5))
+    default_fraction = inspect.signature(_jax_engine.build_engine).parameters["metric_fraction"].default
+    bounds = phase_bounds(num_warmup, options.get("metric_fraction", default_fraction))
     warm, sampling = int(run.num_grads_warmup.sum()), int(run.num_grads_sampling.sum())
     return {"model": model.name, "seed": seed,
             "steps_per_iteration": {name: float(steps[a:b].mean()) for name, (a, b) in zip(PHASES, bounds)},
