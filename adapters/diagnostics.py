@@ -28,7 +28,8 @@ import numpy as np
 
 from ahmc.core.diagnostics import TuningConfig, TuningHistory, arm_parameters, strongest_correlation, tuning_history
 
-__all__ = ["history_from_datatree", "history_from_blackjax", "config_from_engine", "config_from_numpyro"]
+__all__ = ["history_from_datatree", "history_from_blackjax", "config_from_engine", "config_from_numpyro",
+           "slowest_square"]
 
 CONFIG_ATTR = "ahmc_config"
 #: JSON list of the sampled variables (not deterministics): the correlation hint looks at these only.
@@ -105,7 +106,7 @@ def history_from_datatree(tree, *, config=None, names: Mapping | None = None,
     ``sample_stats``.  ``config`` (a TuningConfig, dict or JSON) overrides the
     ``ahmc_config`` attribute; ``names`` maps canonical fields to stat names
     (see :func:`ahmc.core.diagnostics.tuning_history`).  ``var_names``: the posterior variables the
-    correlation hint looks at (default: the JSON attribute ``ahmc_free_vars`` if present, else all;
+    correlation and variance hints look at (default: the JSON attribute ``ahmc_free_vars`` if present, else all;
     give the free variables so that a ``pm.Deterministic`` of a sampled variable is not reported as
     a strong posterior correlation).
 
@@ -132,18 +133,54 @@ def history_from_datatree(tree, *, config=None, names: Mapping | None = None,
     config = config if config is not None else _config_attr(tree, main, warm)
     config = _with_box(config, stats)
     history = tuning_history(stats, config=config, names=names, is_warmup=flags)
-    if _riemannian(stats):  # a position-dependent metric: no mass matrix to suggest
-        return history
     if var_names is None:
         free = _attr(FREE_VARS_ATTR, tree, main, _child(tree, "posterior"))
         var_names = json.loads(free) if free is not None else None
-    correlation = _posterior_correlation(_child(tree, "posterior"), var_names)
-    return history._replace(strongest_correlation=correlation)
+    return _with_draws(history, stats, _posterior_columns(_child(tree, "posterior"), var_names))
 
 
-def _posterior_correlation(posterior, var_names=None):
-    """:func:`ahmc.core.diagnostics.strongest_correlation` of a DataTree posterior group (None without one),
-    over ``var_names`` (default all variables)."""
+def _with_draws(history: TuningHistory, stats, columns) -> TuningHistory:
+    """The history with what the draws ``columns = (chains x draws x d array, names)`` say: the slowest
+    square, and the strongest correlation unless the metric is position-dependent (no mass matrix to
+    suggest)."""
+    if columns is None:
+        return history
+    draws, names = columns
+    history = history._replace(slowest_square=slowest_square(draws, names))
+    if _riemannian(stats):
+        return history
+    return history._replace(strongest_correlation=strongest_correlation(draws, names))
+
+
+def slowest_square(draws, names=None):
+    """``(ess_square, name, ess_coordinates, num_draws)`` of ``draws`` (chains, draws, d): the smallest
+    bulk ESS (ArviZ's) of a coordinate's centred square, that coordinate's name (default ``x[i]``), the
+    smallest bulk ESS of the coordinates and the number of draws.  Non-finite and constant coordinates
+    are skipped; None without ``arviz_stats``, with fewer than 4 draws per chain or no varying coordinate.
+    """
+    try:
+        from arviz_stats import ess
+    except ImportError:  # the blackjax extra alone does not install ArviZ
+        return None
+    draws = np.asarray(draws, dtype=np.float64)
+    num_chains, num_draws, dim = draws.shape
+    names = [f"x[{i}]" for i in range(dim)] if names is None else list(names)
+    flat = draws.reshape(-1, dim)
+    keep = np.flatnonzero(np.all(np.isfinite(flat), axis=0) & (np.std(flat, axis=0) > 0))
+    if num_draws < 4 or not len(keep):
+        return None
+    draws = draws[..., keep]
+    squares = (draws - draws.mean(axis=(0, 1))) ** 2
+    ess_squares = np.asarray(ess(squares, method="bulk"), dtype=np.float64)
+    ess_coordinates = np.asarray(ess(draws, method="bulk"), dtype=np.float64)
+    slowest = int(np.argmin(ess_squares))
+    return (float(ess_squares[slowest]), names[keep[slowest]], float(ess_coordinates.min()),
+            num_chains * num_draws)
+
+
+def _posterior_columns(posterior, var_names=None):
+    """``(chains x draws x d array, names)`` of a DataTree posterior group's numeric variables in
+    ``var_names`` (default all), flattened; None without a posterior or such variables."""
     if posterior is None:
         return None
     columns, names = [], []
@@ -160,7 +197,7 @@ def _posterior_correlation(posterior, var_names=None):
                   for i in range(flat.shape[-1])]
     if not columns:
         return None
-    return strongest_correlation(np.concatenate(columns, axis=-1), names)
+    return np.concatenate(columns, axis=-1), names
 
 
 def history_from_blackjax(info, *, config=None, names: Mapping | None = None, search_box=None, samples=None,
@@ -175,7 +212,7 @@ def history_from_blackjax(info, *, config=None, names: Mapping | None = None, se
     ``num_step_sizes``, ...), resolved as in :func:`config_from_engine`.
     ``samples`` (optional): the draws, a position pytree with leading axes ``(chains, draws)``
     as :func:`ahmc.adapters.blackjax.run_chains` returns them; the history then holds their
-    strongest correlation (the summary's hint on ``dense_mass``).
+    strongest correlation and slowest square (the summary's hints on ``dense_mass`` and variances).
     """
     engine_info = getattr(info, "info", info)
     search_box = getattr(info, "search_box", None) if search_box is None else search_box
@@ -192,9 +229,7 @@ def history_from_blackjax(info, *, config=None, names: Mapping | None = None, se
         arms = np.atleast_1d(np.asarray(tuner_state.arm))
         final_arm = tuple(np.array(v) for v in zip(*(arm_parameters(config, a) for a in arms)))
     history = tuning_history(stats, config=config, names=names, final_arm=final_arm)
-    if samples is None or _riemannian(stats):
-        return history
-    return history._replace(strongest_correlation=_samples_correlation(samples))
+    return _with_draws(history, stats, None if samples is None else _samples_columns(samples))
 
 
 def _riemannian(stats) -> bool:
@@ -207,16 +242,16 @@ def _riemannian(stats) -> bool:
     return True
 
 
-def _samples_correlation(samples):
-    """Strongest correlation of a position pytree with leading axes (chains, draws); leaves flattened
-    in ``jax.tree_util`` order, named ``x[i]`` over the flattened position."""
+def _samples_columns(samples):
+    """``(chains x draws x d array, names)`` of a position pytree with leading axes (chains, draws); leaves
+    flattened in ``jax.tree_util`` order, named ``x[i]`` over the flattened position."""
     import jax  # samples are a JAX pytree
 
     leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(samples)]
     if not leaves:
         return None
     flat = np.concatenate([leaf.reshape(leaf.shape[0], leaf.shape[1], -1) for leaf in leaves], axis=-1)
-    return strongest_correlation(flat)
+    return flat, [f"x[{i}]" for i in range(flat.shape[-1])]
 
 
 def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> TuningConfig:

@@ -51,6 +51,7 @@ __all__ = [
     "tuning_warnings",
     "tuning_summary",
     "strongest_correlation",
+    "variance_hint",
     "dense_mass_hint",
     "DENSE_HINT_CORRELATION",
 ]
@@ -202,6 +203,10 @@ class TuningHistory(NamedTuple):
     strongest_correlation : (r, name_i, name_j) or None
         The largest posterior correlation in absolute value between two coordinates of the draws
         (:func:`strongest_correlation`), when the history was built from draws as well as stats.
+    slowest_square : (ess_square, name, ess_coordinates, num_draws) or None
+        The smallest bulk ESS of a coordinate's centred square ``(x - mean)^2``, that coordinate, the
+        smallest bulk ESS of the coordinates themselves and the number of draws (the adapters compute it
+        with ArviZ when the history is built from draws).
     """
 
     rounds: RoundTable
@@ -216,6 +221,7 @@ class TuningHistory(NamedTuple):
     config: TuningConfig | None
     float_dtype: str = "float64"
     strongest_correlation: tuple | None = None
+    slowest_square: tuple | None = None
 
     @property
     def num_tuners(self) -> int:
@@ -619,6 +625,29 @@ def dense_mass_hint(history: TuningHistory) -> str | None:
             + (". Ignore this if the run already used dense_mass=True." if unknown else "."))
 
 
+#: :func:`tuning_summary` points at the variances when a square's bulk ESS is below this fraction of the
+#: draws and below half the slowest coordinate's.
+VARIANCE_HINT_FRACTION = 0.1
+
+
+def variance_hint(history: TuningHistory) -> str | None:
+    """A note that the draws' squares mix far more slowly than the draws (variances less well estimated
+    than means), with what to do about it, else None."""
+    found = history.slowest_square
+    if found is None:
+        return None
+    ess_square, name, ess_coordinates, num_draws = found
+    if ess_square >= VARIANCE_HINT_FRACTION * num_draws or ess_square >= 0.5 * ess_coordinates:
+        return None
+    return (f"the squares mix far more slowly than the coordinates: the bulk ESS of ({name} - mean)^2 is "
+            f"{ess_square:.0f} of {num_draws} draws, against at least {ess_coordinates:.0f} for every coordinate, "
+            f"so variances, sds and tail quantiles are estimated less well than means (R-hat, which also "
+            f"checks the folded draws, may show it). The default reward, the squared jump per sqrt(L), favours "
+            f"moves that carry a coordinate to the far side of the mode, which leave its square where it was. "
+            f"objective=\"esjd_moments\" scores the squares' jumps too (README, \"Tuning for variances\"; ignore "
+            f"this if the run used it); otherwise draw more.")
+
+
 def tuning_warnings(history: TuningHistory) -> list[str]:
     """Signs that tuning failed, each with its fix (empty when none)."""
     out = []
@@ -741,7 +770,7 @@ def tuning_summary(history: TuningHistory, *, max_arms: int | None = None) -> st
         lines.extend(f"  - {message}" for message in warnings)
     else:
         lines.append("No sign that tuning failed.")
-    hint = dense_mass_hint(history)
-    if hint:
-        lines.append(f"Hint: {hint}")
+    for hint in (dense_mass_hint(history), variance_hint(history)):
+        if hint:
+            lines.append(f"Hint: {hint}")
     return "\n".join(lines)

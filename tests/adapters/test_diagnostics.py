@@ -243,6 +243,28 @@ def test_datatree_history_reads_the_posterior_correlation(numpyro_run):
     assert "Hint:" not in tuning_summary(dense)
 
 
+def test_slowest_square_finds_a_chain_that_flips_the_sign_and_the_summary_says_so(numpyro_run):
+    """Draws x' = -0.95 x + noise: the coordinate mixes well (negative autocorrelation), its square badly."""
+    from ahmc.adapters.diagnostics import slowest_square
+
+    rng = np.random.default_rng(1)
+    flips = np.zeros((2, 1000, 3))
+    flips[:, 0] = rng.normal(size=(2, 3))
+    for t in range(1, 1000):
+        flips[:, t] = -0.95 * flips[:, t - 1] + np.sqrt(1 - 0.95**2) * rng.normal(size=(2, 3))
+    draws = np.concatenate([rng.normal(size=(2, 1000, 1)), np.ones((2, 1000, 1)), flips], axis=-1)
+    ess_square, name, ess_coordinates, num_draws = slowest_square(draws, ["iid", "const", "a", "b", "c"])
+    assert name in ("a", "b", "c") and num_draws == 2000
+    assert ess_square < 200 < 1000 < ess_coordinates  # about 0.05 N for the squares, about N and more for x
+    iid = slowest_square(rng.normal(size=(2, 1000, 3)))
+    assert iid[0] > 1000 and iid[1].startswith("x[")
+    mcmc, tree = numpyro_run
+    tree = tree.copy()
+    tree["posterior"] = xr.Dataset({"theta": (("chain", "draw", "theta_dim_0"), flips)})
+    summary = tuning_summary(history_from_datatree(tree, config=config_from_numpyro(mcmc)))
+    assert "Hint: the squares mix far more slowly" in summary and "(theta[" in summary
+
+
 @pytest.mark.slow  # ~20 s; the DataTree test above keeps the correlation hint in the default run
 def test_blackjax_history_reads_the_correlation_of_the_samples():
     pytest.importorskip("blackjax")
@@ -259,6 +281,7 @@ def test_blackjax_history_reads_the_correlation_of_the_samples():
     history = history_from_blackjax(info, search_box=None, samples=samples, **options)
     r, a, b = history.strongest_correlation
     assert (a, b) == ("x[0]", "x[1]") and r == pytest.approx(0.95, abs=0.04)
+    assert history.slowest_square[1] in ("x[0]", "x[1]") and history.slowest_square[3] == 400
     assert history_from_blackjax(info, **options).strongest_correlation is None
 
 

@@ -259,3 +259,18 @@ def test_summary_suggests_dense_mass_only_for_strong_correlations_without_it():
     assert dense_mass_hint(strong._replace(config=strong.config._replace(dense_mass=True))) is None
     assert 'dense_mass="auto"' in dense_mass_hint(strong)  # the choice that keeps only real correlations
     assert dense_mass_hint(strong._replace(config=strong.config._replace(dense_mass="auto"))) is None
+
+
+def test_summary_points_at_the_variances_only_when_the_squares_lag_far_behind():
+    from ahmc.core.diagnostics import variance_hint
+
+    stats, _, _, config = simulate()
+    history = tuning_history(stats, config=config)
+    assert variance_hint(history) is None  # no draws given
+    lagging = history._replace(slowest_square=(280.0, "x[9]", 2821.0, 4000))  # the diagonal Gaussian's seed 0
+    assert "Hint: the squares mix far more slowly" in tuning_summary(lagging)
+    assert "(x[9] - mean)^2 is 280 of 4000 draws" in variance_hint(lagging)
+    assert 'objective="esjd_moments"' in variance_hint(lagging)
+    assert variance_hint(history._replace(slowest_square=(836.0, "x[0]", 4537.0, 4000))) is None  # 21% of the draws
+    slow_everywhere = history._replace(slowest_square=(280.0, "x[0]", 500.0, 4000))
+    assert variance_hint(slow_everywhere) is None  # everything mixes slowly, not the squares alone
