@@ -644,8 +644,8 @@ def variance_hint(history: TuningHistory) -> str | None:
             f"so variances, sds and tail quantiles are estimated less well than means (R-hat, which also "
             f"checks the folded draws, may show it). The default reward, the squared jump per sqrt(L), favours "
             f"moves that carry a coordinate to the far side of the mode, which leave its square where it was. "
-            f"objective=\"esjd_moments\" scores the squares' jumps too (README, \"Tuning for variances\"; ignore "
-            f"this if the run used it); otherwise draw more.")
+            f"objective=\"esjd_moments\" scores the squares' jumps too, at some cost to the means (README, "
+            f"\"Tuning for variances\"; ignore this if the run used it); otherwise draw more.")
 
 
 def tuning_warnings(history: TuningHistory) -> list[str]:
