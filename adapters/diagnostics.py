@@ -26,7 +26,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ahmc.core.diagnostics import TuningConfig, TuningHistory, arm_parameters, strongest_correlation, tuning_history
+from ahmc.core.diagnostics import (TuningConfig, TuningHistory, arm_parameters, strongest_correlation, tuning_history,
+                                   varying_coordinates)
 
 __all__ = ["history_from_datatree", "history_from_blackjax", "config_from_engine", "config_from_numpyro",
            "slowest_square"]
@@ -165,8 +166,7 @@ def slowest_square(draws, names=None):
     draws = np.asarray(draws, dtype=np.float64)
     num_chains, num_draws, dim = draws.shape
     names = [f"x[{i}]" for i in range(dim)] if names is None else list(names)
-    flat = draws.reshape(-1, dim)
-    keep = np.flatnonzero(np.all(np.isfinite(flat), axis=0) & (np.std(flat, axis=0) > 0))
+    keep = varying_coordinates(draws)
     if num_draws < 4 or not len(keep):
         return None
     draws = draws[..., keep]

@@ -8,9 +8,10 @@ draws, so the default's seed-0 rows are the full run's) for each model, seed and
 the leapfrog steps per iteration in the four parts of a run: the early metric phase (until the first
 slow mass-matrix window closes, where ``L`` is capped at ``EARLY_MAX_STEPS``), the rest of the metric
 phase, the GP rounds of warm-up (``p_i = 1``: the arm moves every round) and sampling; with the min
-bulk ESS of the coordinates and of their centred squares (as the benchmark's), per sampling gradient
-and counting warm-up too, and the max R-hat.  Variants (``--variants``, JSON ``{label: options}``): the options go to the sampler,
-except ``early_max_steps``, which sets the engine's module constant for that variant's runs.  Finished
+bulk ESS of the coordinates and of their centred squares, per sampling gradient and counting warm-up
+too, and the max R-hat (the benchmark's ``metrics.summarize``).  Variants (``--variants``, JSON
+``{label: options}``): the options go to the sampler, except ``early_max_steps``, which sets the
+engine's module constant for that variant's runs.  Finished
 (model, seed, variant) records already in ``--output`` are kept, so two processes can split the models
 between two files.  ``table`` prints the means over seeds with their standard errors, from any number
 of such files.
@@ -44,7 +45,7 @@ def phase_bounds(num_warmup: int, metric_fraction: float) -> list[tuple[int, int
 def run_one(model, seed: int, options: dict, num_warmup: int = 1000, num_samples: int = 1000) -> dict:
     from ahmc.adapters import _jax_engine
 
-    from .metrics import bulk_ess, split_rhat
+    from .metrics import summarize
     from .models import initial_positions
     from .run import _model_key
     from .samplers import run_ahmc_blackjax
@@ -62,13 +63,12 @@ def run_one(model, seed: int, options: dict, num_warmup: int = 1000, num_samples
     steps = np.asarray(run.keep["tuning"]["info"]["num_integration_steps"]).mean(axis=1)
     default_fraction = inspect.signature(_jax_engine.build_engine).parameters["metric_fraction"].default
     bounds = phase_bounds(num_warmup, options.get("metric_fraction", default_fraction))
-    warm, sampling = int(run.num_grads_warmup.sum()), int(run.num_grads_sampling.sum())
-    centred = run.draws - run.draws.mean(axis=(0, 1))  # the benchmark's squares: (x - mean)^2
+    metrics = summarize(run.draws, run.num_grads_warmup, run.num_grads_sampling)  # the benchmark's own numbers
     return {"model": model.name, "seed": seed,
             "steps_per_iteration": {name: float(steps[a:b].mean()) for name, (a, b) in zip(PHASES, bounds)},
-            "grads_warmup": warm, "grads_sampling": sampling,
-            "min_ess": float(bulk_ess(run.draws).min()), "min_ess_squares": float(bulk_ess(centred ** 2).min()),
-            "rhat_max": float(split_rhat(run.draws).max())}
+            "grads_warmup": metrics["grads"]["warmup"], "grads_sampling": metrics["grads"]["sampling"],
+            "min_ess": metrics["ess_bulk"]["min"], "min_ess_squares": metrics["ess_bulk_squares"]["min"],
+            "rhat_max": metrics["rhat_max"]}
 
 
 def _mean_se(values) -> str:

@@ -51,6 +51,7 @@ __all__ = [
     "tuning_warnings",
     "tuning_summary",
     "strongest_correlation",
+    "varying_coordinates",
     "variance_hint",
     "dense_mass_hint",
     "DENSE_HINT_CORRELATION",
@@ -584,6 +585,13 @@ def _phase_mask(history: TuningHistory, chains) -> np.ndarray:
 DENSE_HINT_CORRELATION = 0.9
 
 
+def varying_coordinates(draws) -> np.ndarray:
+    """Indices of the coordinates of ``draws`` (..., d) that are finite everywhere and not constant: the
+    ones the hints on the draws look at."""
+    flat = np.asarray(draws, dtype=np.float64).reshape(-1, np.shape(draws)[-1])
+    return np.flatnonzero(np.all(np.isfinite(flat), axis=0) & (np.std(flat, axis=0) > 0))
+
+
 def strongest_correlation(draws, names=None, *, max_dim: int = 1000):
     """``(r, name_i, name_j)``: the largest ``|r|`` among the correlations of the draws' coordinates.
 
@@ -597,7 +605,7 @@ def strongest_correlation(draws, names=None, *, max_dim: int = 1000):
     names = [f"x[{i}]" for i in range(d)] if names is None else list(names)
     if len(names) != d:
         raise ValueError(f"names has {len(names)} entries for {d} coordinates.")
-    keep = np.flatnonzero(np.all(np.isfinite(draws), axis=0) & (np.std(draws, axis=0) > 0))
+    keep = varying_coordinates(draws)
     if len(keep) < 2 or n < 3 or d > max_dim:
         return None
     corr = np.corrcoef(draws[:, keep], rowvar=False)
