@@ -1232,3 +1232,51 @@ def test_warmup_cost_splits_the_gradients_by_phase_and_restores_the_early_cap():
     assert steps["sampling"] * 100 * 4 == pytest.approx(record["grads_sampling"])
     text = table([{"variant": "cap 1", **record}, {"variant": "cap 1", **record}])
     assert "| std_gauss_10 | cap 1 | 2 |" in text and "± 0 |" in text
+
+
+def test_targets_over_seeds_tell_a_target_met_on_average_from_one_met_in_every_seed(tmp_path):
+    from benchmarks import targets_seeds
+
+    settings = {"num_chains": 4, "num_warmup": 1000, "num_samples": 1000, "dtype": "float64"}
+
+    def record(model, sampler, grad, second, rhat, warm=None):
+        m = {"ess_per_grad": {"min": grad}, "ess_per_second": {"min": second},
+             "ess_per_grad_with_warmup": {"min": grad / 2 if warm is None else warm}, "rhat_max": rhat}
+        return {"model": model, "sampler": sampler, "status": "ok", "metrics": m}
+
+    def write(seed, runs, **changed):
+        path = tmp_path / f"seed{seed}.json"
+        path.write_text(json.dumps({"mode": "quick", "settings": {**settings, **changed},
+                                    "environment": {"seed": seed, "command": f"run {seed}", "git_commit": "abc1234"},
+                                    "models": {"pima": {}, "kidiq": {}}, "runs": runs}))
+        return str(path)
+
+    seed0 = write(0, [record("pima", "numpyro_nuts", 0.10, 10.0, 1.001),
+                      record("pima", "pymc_nuts", 0.12, 2.0, 1.001),
+                      record("pima", "ahmc_blackjax", 0.18, 12.0, 1.004),   # 1.5x the best NUTS, 1.2x per second
+                      record("kidiq", "numpyro_nuts", 0.02, 10.0, 1.0),
+                      record("kidiq", "ahmc_blackjax", 0.03, 9.0, 1.02),
+                      record("kidiq", "ahmc_numpyro", 0.03, 9.0, 1.0)])
+    seed1 = write(1, [record("pima", "numpyro_nuts", 0.10, 10.0, 1.001),
+                      record("pima", "pymc_nuts", 0.10, 3.0, 1.001),
+                      record("pima", "ahmc_blackjax", 0.12, 8.0, 1.003),    # 1.2x (mean 1.35x: met on average)
+                      record("kidiq", "numpyro_nuts", 0.02, 10.0, 1.0),
+                      record("kidiq", "ahmc_blackjax", 0.01, 12.0, 1.0)])
+    runs = targets_seeds.load([seed0, seed1])
+    cells = targets_seeds.per_seed(runs)
+    assert ("ahmc_numpyro", "kidiq") not in cells  # not run in seed 1: not counted
+    pima = {key: targets_seeds.spread(values) for key, values in cells[("ahmc_blackjax", "pima")].items()}
+    assert pima["grad_ratio"]["mean"] == pytest.approx(1.35) and pima["grad_ratio"]["seeds_met"] == 1
+    assert targets_seeds.mean_met("grad_ratio", pima["grad_ratio"])
+    assert pima["second_ratio"]["mean"] == pytest.approx(1.0)
+    assert targets_seeds.mean_met("second_ratio", pima["second_ratio"])
+    kidiq = {key: targets_seeds.spread(values) for key, values in cells[("ahmc_blackjax", "kidiq")].items()}
+    assert kidiq["grad_ratio"]["mean"] == pytest.approx(1.0) and kidiq["grad_ratio"]["seeds_met"] == 1
+    assert not targets_seeds.mean_met("rhat", kidiq["rhat"])  # R-hat must hold in every seed
+    text = targets_seeds.markdown(runs)
+    assert "| ahmc_blackjax | min ESS/grad vs best NUTS | 2 of 2 | 0 of 2 | none |" in text
+    assert "| ahmc_blackjax | max R-hat | 1 of 2 | 1 of 2 | kidiq 1.010 (1.000-1.020), 1 of 2 |" in text
+    assert "| pymc_nuts | 0 of 1 | pima 0.25x |" in text  # PyMC's NUTS per second against NumPyro's
+    assert "| ahmc_blackjax | min ESS/s vs NumPyro's NUTS | 2 of 2 | 0 of 2 | none |" in text  # means 1.0x, 1.05x
+    with pytest.raises(SystemExit, match="was not made like"):
+        targets_seeds.load([seed0, write(2, [], num_samples=500)])
