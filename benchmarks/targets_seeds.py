@@ -23,13 +23,13 @@ import numpy as np
 
 from .report import NUTS, targets
 
-# (key of report.targets' rows, label, whether larger is better, threshold, comparison as printed)
+# (key of report.targets' rows, label, threshold, comparison; "need": the row's own threshold, 1.3x or 1x)
 TARGETS = (
     ("grad_ratio", "min ESS/grad vs best NUTS", None, "need"),
     ("warmup_ratio", "counting warm-up vs best NUTS (logistic)", 1.0, ">="),
     ("second_ratio", "min ESS/s vs NumPyro's NUTS", 1.0, ">="),
     ("rhat", "max R-hat", 1.01, "<"),
-    ("z", "max |z| against the reference", 4.0, "<="),
+    ("z", "max \\|z\\| against the reference", 4.0, "<="),  # escaped: a Markdown table cell
 )
 SAME_RUN_SETTINGS = ("num_chains", "num_warmup", "num_samples", "dtype")
 
@@ -57,7 +57,8 @@ def _met(value: float, threshold: float, comparison: str) -> bool:
 
 
 def per_seed(runs: dict[int, dict], models: list[str] | None = None) -> dict:
-    """``{(sampler, model): {key: {seed: (value, met)}}}`` over the pairs present in every seed."""
+    """``{(sampler, model): {key: {seed: (value, met, threshold)}}}``, keeping a target only where every
+    seed has it (and a pair only if some target is left)."""
     found: dict = {}
     for seed, results in runs.items():
         for row in targets(results):
@@ -112,7 +113,7 @@ def same_framework_per_second(runs: dict[int, dict], models: list[str] | None = 
 
 
 def spread(values: dict) -> dict:
-    """Mean, min and max over seeds; met in how many; met by the mean (the R-hat by its max)."""
+    """Mean, min and max of a target's values over the seeds, the seeds in which it is met, and its threshold."""
     numbers = np.array([v[0] for v in values.values()])
     threshold = next(iter(values.values()))[2]
     return {"mean": float(numbers.mean()), "min": float(numbers.min()), "max": float(numbers.max()),
