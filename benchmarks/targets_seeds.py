@@ -21,7 +21,9 @@ import sys
 
 import numpy as np
 
+from .readme_table import SAME_RUN_SETTINGS
 from .report import NUTS, targets
+from .seeds import min_metric, summarize
 
 # (key of report.targets' rows, label, threshold, comparison; "need": the row's own threshold, 1.3x or 1x)
 TARGETS = (
@@ -31,7 +33,6 @@ TARGETS = (
     ("rhat", "max R-hat", 1.01, "<"),
     ("z", "max \\|z\\| against the reference", 4.0, "<="),  # escaped: a Markdown table cell
 )
-SAME_RUN_SETTINGS = ("num_chains", "num_warmup", "num_samples", "dtype")
 
 
 def load(paths: list[str]) -> dict[int, dict]:
@@ -82,14 +83,11 @@ def per_seed(runs: dict[int, dict], models: list[str] | None = None) -> dict:
 
 def _per_second_ratios(runs: dict[int, dict], models, sampler: str, base: str) -> dict:
     """``{model: [sampler's min ESS/s / base's, per seed]}`` over the models where both ran in every seed."""
-    found: dict = {}
-    for results in runs.values():
-        ok = {(r["model"], r["sampler"]): r["metrics"]["ess_per_second"]["min"] for r in results["runs"]
-              if r["status"] == "ok" and (models is None or r["model"] in models)}
-        for (model, name), value in ok.items():
-            if name == sampler and ok.get((model, base)):
-                found.setdefault(model, []).append(value / ok[(model, base)])
-    return {model: values for model, values in found.items() if len(values) == len(runs)}
+    per_seed_values = {seed: min_metric(results, "ess_per_second") for seed, results in runs.items()}
+    table = summarize(per_seed_values, base)
+    order = [model for model in next(iter(runs.values()))["models"] if models is None or model in models]
+    ratios = {model: table.get(model, {}).get(sampler, {}).get("ratio_to_baseline") for model in order}
+    return {model: values for model, values in ratios.items() if values and None not in values}
 
 
 def nuts_per_second(runs: dict[int, dict], models: list[str] | None = None) -> dict:

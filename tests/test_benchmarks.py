@@ -1254,12 +1254,14 @@ def test_targets_over_seeds_tell_a_target_met_on_average_from_one_met_in_every_s
     seed0 = write(0, [record("pima", "numpyro_nuts", 0.10, 10.0, 1.001),
                       record("pima", "pymc_nuts", 0.12, 2.0, 1.001),
                       record("pima", "ahmc_blackjax", 0.18, 12.0, 1.004),   # 1.5x the best NUTS, 1.2x per second
+                      record("pima", "ahmc_pymc", 0.15, 1.0, 1.001),
                       record("kidiq", "numpyro_nuts", 0.02, 10.0, 1.0),
                       record("kidiq", "ahmc_blackjax", 0.03, 9.0, 1.02),
                       record("kidiq", "ahmc_numpyro", 0.03, 9.0, 1.0)])
     seed1 = write(1, [record("pima", "numpyro_nuts", 0.10, 10.0, 1.001),
                       record("pima", "pymc_nuts", 0.10, 3.0, 1.001),
                       record("pima", "ahmc_blackjax", 0.12, 8.0, 1.003),    # 1.2x (mean 1.35x: met on average)
+                      record("pima", "ahmc_pymc", 0.15, 1.0, 1.001),
                       record("kidiq", "numpyro_nuts", 0.02, 10.0, 1.0),
                       record("kidiq", "ahmc_blackjax", 0.01, 12.0, 1.0)])
     runs = targets_seeds.load([seed0, seed1])
@@ -1277,6 +1279,8 @@ def test_targets_over_seeds_tell_a_target_met_on_average_from_one_met_in_every_s
     assert "| ahmc_blackjax | min ESS/grad vs best NUTS | 2 of 2 | 0 of 2 | none |" in text
     assert "| ahmc_blackjax | max R-hat | 1 of 2 | 1 of 2 | kidiq 1.010 (1.000-1.020), 1 of 2 |" in text
     assert "| pymc_nuts | 0 of 1 | pima 0.25x |" in text  # PyMC's NUTS per second against NumPyro's
+    nuts, ratios = targets_seeds.same_framework_per_second(runs)["ahmc_pymc"]  # against PyMC's NUTS, not NumPyro's
+    assert nuts == "pymc_nuts" and ratios["pima"] == pytest.approx([0.5, 1.0 / 3.0])
     assert "| ahmc_blackjax | min ESS/s vs NumPyro's NUTS | 2 of 2 | 0 of 2 | none |" in text  # means 1.0x, 1.05x
     with pytest.raises(SystemExit, match="was not made like"):
         targets_seeds.load([seed0, write(2, [], num_samples=500)])
