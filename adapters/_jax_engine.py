@@ -421,6 +421,16 @@ def _pair(name, value, *, integer):
     return float(lo), float(hi)
 
 
+def _check_user_num_steps(num_steps_bounds, super_transitions) -> tuple[int, int]:
+    """The user's ``(lower, upper)`` L range, checked against a round's leapfrog budget."""
+    l_box = _pair("num_steps_bounds", num_steps_bounds, integer=True)
+    if super_transitions and l_box[1] > 2 * super_transitions - 1:
+        raise ValueError(
+            f"num_steps_bounds upper {l_box[1]} exceeds 2 * super_transitions - 1 = "
+            f"{2 * super_transitions - 1}: one transition would overrun the round's budget; lower it.")
+    return l_box
+
+
 def build_engine(
     logdensity_fn: Callable,
     *,
@@ -478,7 +488,10 @@ def build_engine(
         Number of warm-up iterations (static).  The schedule of the metric
         phase, the GP rounds in warm-up and the annealing ``k`` derive from it.
     step_size_bounds, num_steps_bounds
-        Absolute search box ``(lower, upper)``; both or neither.  When omitted
+        Absolute search box ``(lower, upper)``.  ``num_steps_bounds`` alone keeps
+        the automatic step-size box and fixes the ``L`` range (e.g. ``(2, 16)`` to
+        rule out single-step, MALA-like transitions); ``step_size_bounds`` needs
+        ``num_steps_bounds`` too.  When both are omitted
         the box is chosen automatically at the end of the metric phase:
         ``eps* x step_size_factors`` and ``L in [1, ceil(max_integration_time / eps*)]``
         (capped at ``num_steps_cap``, default 1024 as NUTS's tree depth 10; the
@@ -655,9 +668,11 @@ def build_engine(
                          "(e.g. RMHMC) use jump_estimate='transition'.")
     if not isinstance(num_warmup, (int, np.integer)) or num_warmup < 0:
         raise ValueError(f"num_warmup must be an integer >= 0; got {num_warmup!r}.")
-    if (step_size_bounds is None) != (num_steps_bounds is None):
+    if step_size_bounds is not None and num_steps_bounds is None:
         raise ValueError(
-            "Give both step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi) for a user box, or neither."
+            "step_size_bounds needs num_steps_bounds=(lo, hi) too (the automatic L range is set from the "
+            "warm-up's step size, which a user step-size box replaces); or give num_steps_bounds alone to keep "
+            "the automatic step-size box."
         )
     if not isinstance(round_length, (int, np.integer)) or round_length < 1:
         raise ValueError(f"round_length must be a positive integer; got {round_length!r}.")
@@ -704,20 +719,22 @@ def build_engine(
                 f"num_warmup={num_warmup} with metric_fraction={metric_fraction} leaves none. "
                 "Give step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi), or more warm-up."
             )
-        space = search_space((lo_factor, hi_factor), (1, num_num_steps), num_step_sizes=num_step_sizes,
-                             log_step_size=True)
         # First arm: eps = eps*, mean integration time ~ 1.5 (unit coordinate is static because
         # L_hi = T_max / eps*).
         unit_l = min(1.0, 3.0 / max_integration_time)
-        initial_arm = (1.0, 1 + round(unit_l * (num_num_steps - 1)))
-        box0 = ((lo_factor, hi_factor), (1, num_steps_cap))
+        if num_steps_bounds is None:
+            space = search_space((lo_factor, hi_factor), (1, num_num_steps), num_step_sizes=num_step_sizes,
+                                 log_step_size=True)
+            initial_arm = (1.0, 1 + round(unit_l * (num_num_steps - 1)))
+            box0 = ((lo_factor, hi_factor), (1, num_steps_cap))
+        else:  # the user's L range, every integer in it, around the automatic step sizes
+            l_box = _check_user_num_steps(num_steps_bounds, super_transitions)
+            space = search_space((lo_factor, hi_factor), l_box, num_step_sizes=num_step_sizes, log_step_size=True)
+            initial_arm = (1.0, l_box[0] + round(unit_l * (l_box[1] - l_box[0])))
+            box0 = ((lo_factor, hi_factor), l_box)
     else:
         eps_box = _pair("step_size_bounds", step_size_bounds, integer=False)
-        l_box = _pair("num_steps_bounds", num_steps_bounds, integer=True)
-        if super_transitions and l_box[1] > 2 * super_transitions - 1:
-            raise ValueError(
-                f"num_steps_bounds upper {l_box[1]} exceeds 2 * super_transitions - 1 = "
-                f"{2 * super_transitions - 1}: one transition would overrun the round's budget; lower it.")
+        l_box = _check_user_num_steps(num_steps_bounds, super_transitions)
         space = search_space(eps_box, l_box, num_step_sizes=num_step_sizes, log_step_size=log_step_size)
         metric_phase = int(round(metric_fraction * num_warmup)) if adapt_mass_matrix else 0
         initial_arm = user_initial_arm
@@ -1164,7 +1181,10 @@ def build_engine(
             # The GP phase starts: fix eps* and (if automatic) the search box.
             starts_gp = it == metric_phase - 1
             eps_star = jnp.exp(da_state.log_step_size_avg).astype(dtype)
-            if auto_box:
+            if auto_box and num_steps_bounds is not None:  # the user's L range; only eps follows eps*
+                new_box = SearchBox(eps_star * jnp.asarray((lo_factor, hi_factor), dtype), state.box.num_steps)
+                box = jax.tree.map(lambda a, b: jnp.where(starts_gp, a, b), new_box, state.box)
+            elif auto_box:
                 l_hi = jnp.clip(jnp.ceil(max_integration_time / eps_star), 2, num_steps_cap).astype(jnp.int32)
                 if super_transitions:  # every arm must fit one transition in the budget
                     l_hi = jnp.minimum(l_hi, max(2, 2 * int(super_transitions) - 1))

@@ -7,6 +7,11 @@ For a change that should alter only some runs (a rule that fires rarely): every 
 sets is listed with its min ESS per gradient, max R-hat and warm-up restarts before and after, and
 whether the draws changed (same min ESS per gradient to 1e-12 counts as unchanged: the runs are
 deterministic given the seed). Each file's seed comes from its environment record.
+
+For a change that alters every run (a new default), the table's per-seed ratios are mostly the seed's
+noise; the summary below it gives per model and sampler the means over the seeds of the min ESS per
+gradient of the means and of the squares, the largest R-hat, and how many runs had a chain whose
+final arm takes a single leapfrog step (``L = 1``, every transition a MALA step).
 """
 
 from __future__ import annotations
@@ -56,15 +61,44 @@ def compare(before: dict, after: dict) -> tuple[str, dict]:
                                       "below": below}
 
 
+def _summary_row(run) -> tuple[float, float, float, bool]:
+    metrics = run["metrics"]
+    squares = metrics.get("ess_per_grad_squares", {}).get("min", math.nan)
+    steps = run.get("extra", {}).get("final_num_steps") or []
+    return (float(metrics["ess_per_grad"]["min"]), float(squares), float(metrics["rhat_max"]),
+            any(s is not None and s <= 1 for s in steps))
+
+
+def summarize_pairs(before: dict, after: dict) -> str:
+    """Per (model, sampler), over the seeds present in both sets: means of the min ESS per gradient
+    (means and squares), the largest R-hat, and the runs with a chain at ``L = 1``."""
+    groups: dict[tuple[str, str], list] = {}
+    for key in sorted(set(before) & set(after)):
+        groups.setdefault(key[:2], []).append((_summary_row(before[key]), _summary_row(after[key])))
+    lines = ["| model | sampler | seeds | min ESS/grad before | after | squares before | after | "
+             "max R-hat before | after | runs at L = 1 before | after |", "|---" * 11 + "|"]
+    for (model, sampler), pairs in groups.items():
+        cells = []
+        for column in range(3):
+            for side in (0, 1):
+                values = [pair[side][column] for pair in pairs]
+                cells.append(f"{max(values):.3f}" if column == 2 else f"{sum(values) / len(values):.4g}")
+        cells += [str(sum(pair[side][3] for pair in pairs)) for side in (0, 1)]
+        lines.append(f"| {model} | {sampler} | {len(pairs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compare_runs", description=__doc__.splitlines()[0])
     parser.add_argument("--before", nargs="+", required=True, help="benchmark JSON files (the old runs)")
     parser.add_argument("--after", nargs="+", required=True, help="benchmark JSON files (the new runs)")
     parser.add_argument("--output", default=None, help="write the Markdown table here (default: print it)")
     args = parser.parse_args(argv)
-    table, counts = compare(load_runs(args.before), load_runs(args.after))
+    before, after = load_runs(args.before), load_runs(args.after)
+    table, counts = compare(before, after)
     text = (f"{counts['changed']} of {counts['pairs']} runs changed; min ESS per gradient after / before: "
-            f"geometric mean {counts['geometric_mean']:.3f}, {counts['below']} runs below 1.\n\n{table}")
+            f"geometric mean {counts['geometric_mean']:.3f}, {counts['below']} runs below 1.\n\n{table}\n"
+            f"Per model and sampler, over the seeds (means; R-hat the largest):\n\n{summarize_pairs(before, after)}")
     if args.output:
         Path(args.output).write_text(text)
     print(text)

@@ -1044,9 +1044,10 @@ def test_rmhmc_hand_set_arms_by_name_parse_and_must_follow_armhmc():
 def test_compare_runs_lists_pairs_in_both_sets_and_counts_the_changed_ones(tmp_path):
     from benchmarks.compare_runs import main
 
-    def run(model, ess, restarts):
-        return {"model": model, "sampler": "ahmc_blackjax", "status": "ok", "extra": {"restarts": restarts},
-                "metrics": {"ess_per_grad": {"min": ess}, "rhat_max": 1.004}}
+    def run(model, ess, restarts, steps=(3, 4), rhat=1.004):
+        return {"model": model, "sampler": "ahmc_blackjax", "status": "ok",
+                "extra": {"restarts": restarts, "final_num_steps": list(steps)},
+                "metrics": {"ess_per_grad": {"min": ess}, "ess_per_grad_squares": {"min": ess / 2}, "rhat_max": rhat}}
 
     def write(name, seed, runs):
         path = tmp_path / name
@@ -1055,13 +1056,20 @@ def test_compare_runs_lists_pairs_in_both_sets_and_counts_the_changed_ones(tmp_p
 
     before = write("before.json", 0, [run("pima", 0.2, [0, 0]), run("earnings", 0.018, [0, 0]), run("kidiq", 0.03, [0])])
     after = write("after.json", 0, [run("pima", 0.2, [0, 0]), run("earnings", 0.02, [1, 0])])
+    before_1 = write("before_1.json", 1, [run("earnings", 0.012, [0], steps=(1, 5), rhat=1.02)])
+    after_1 = write("after_1.json", 1, [run("earnings", 0.016, [0])])
     output = tmp_path / "table.md"
-    counts = main(["--before", before, "--after", after, "--output", str(output)])
-    assert (counts["pairs"], counts["changed"], counts["below"]) == (2, 1, 0)
-    assert counts["geometric_mean"] == pytest.approx(math.sqrt(0.02 / 0.018))  # pima 1x, earnings 1.11x
+    counts = main(["--before", before, before_1, "--after", after, after_1, "--output", str(output)])
+    assert (counts["pairs"], counts["changed"], counts["below"]) == (3, 2, 0)
+    # pima 1x, earnings 1.11x (seed 0) and 1.33x (seed 1)
+    assert counts["geometric_mean"] == pytest.approx((0.02 / 0.018 * 0.016 / 0.012) ** (1 / 3))
     text = output.read_text()
     assert "| earnings | ahmc_blackjax | 0 | 0.018 | 0.02 | 1.11x |" in text and "| 0 | 1 |" in text
     assert "| pima | ahmc_blackjax | 0 | 0.2 | 0.2 | same |" in text and "kidiq" not in text
+    # The summary over seeds: earnings' means of 0.018, 0.012 and of 0.02, 0.016; the squares half of
+    # them; the larger R-hat; seed 1's before-run had a chain at L = 1.
+    assert "| earnings | ahmc_blackjax | 2 | 0.015 | 0.018 | 0.0075 | 0.009 | 1.020 | 1.004 | 1 | 0 |" in text
+    assert "| pima | ahmc_blackjax | 1 | 0.2 | 0.2 | 0.1 | 0.1 | 1.004 | 1.004 | 0 | 0 |" in text
 
 
 def test_dense_auto_excess_sees_the_correlation_of_the_correlated_gaussian():

@@ -396,6 +396,30 @@ def test_automatic_box_reaches_long_trajectories():
     assert metric_phase.max() <= WARMUP_MAX_STEPS
 
 
+def test_num_steps_bounds_alone_keeps_the_automatic_step_size_box():
+    """A user L range with the automatic step sizes: every GP arm's L in (2, 6), the step sizes
+    spread over eps* x (0.5, 2) around the warm-up's step size (a target of scale 0.1 without a
+    mass matrix puts eps* near 0.1, far from any fixed box), and the draws still match the target.
+    A step-size box alone is an error that names the missing argument."""
+    scale = 0.1
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / scale) ** 2)
+
+    samples, info = run_chains(jax.random.key(31), logdensity, initial_positions(32, 3, scale), 1000, 2000,
+                               num_steps_bounds=(2, 6), adapt_mass_matrix=False)
+    rounds = np.asarray(info.round)
+    arm_steps, step_sizes = np.asarray(info.num_steps)[rounds > 0], np.asarray(info.step_size)[rounds > 0]
+    assert arm_steps.min() == 2 and arm_steps.max() <= 6 and len(np.unique(arm_steps)) >= 3
+    eps_star = np.sqrt(step_sizes.min() * step_sizes.max())  # the log grid's middle, if both edges were tried
+    assert 0.03 < step_sizes.min() < step_sizes.max() < 0.5 and step_sizes.max() / step_sizes.min() <= 4 + 1e-6
+    assert 0.03 < eps_star < 0.3
+    assert_moments_match(np.asarray(samples), np.zeros(3), np.full(3, scale))
+    with pytest.raises(ValueError, match="step_size_bounds needs num_steps_bounds"):
+        run_chains(jax.random.key(31), logdensity, initial_positions(32, 3, scale), 100, 10,
+                   step_size_bounds=(0.05, 0.2))
+
+
 def test_parameters_work_in_plain_blackjax_loop(warmed_up):
     state, parameters, _ = warmed_up
     kernel = uniform_steps_hmc(standard_normal, **parameters)

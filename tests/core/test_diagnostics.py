@@ -274,3 +274,26 @@ def test_summary_points_at_the_variances_only_when_the_squares_lag_far_behind():
     assert variance_hint(history._replace(slowest_square=(836.0, "x[0]", 4537.0, 4000))) is None  # 21% of the draws
     slow_everywhere = history._replace(slowest_square=(280.0, "x[0]", 500.0, 4000))
     assert variance_hint(slow_everywhere) is None  # everything mixes slowly, not the squares alone
+
+
+def test_summary_points_at_a_single_leapfrog_step_with_the_bound_that_rules_it_out():
+    from ahmc.core.diagnostics import single_step_hint
+
+    def short(step_size, num_steps):  # the reward of a low-dimensional posterior: best at L = 1
+        return bump(step_size, num_steps, best=(0.3, 1)) * np.exp(-0.5 * (num_steps - 1))
+
+    stats, *_, config = simulate(reward=short, num_steps=(1, 12))
+    history = tuning_history(stats, config=config)
+    assert history.chosen_num_steps[0] == 1
+    hint = single_step_hint(history)
+    assert "single leapfrog step (L = 1)" in hint and "num_steps_bounds=(2, 12)" in hint
+    assert f"Hint: {hint}" in tuning_summary(history)
+    assert "num_steps_bounds=(2, upper)" in single_step_hint(history._replace(config=None))  # box unknown
+    # One tuner per chain: the hint names the chains at L = 1.
+    stats, *_, config = simulate(reward=short, num_steps=(1, 12), pooled=False)
+    assert single_step_hint(tuning_history(stats, config=config)).startswith("chain 0, 1: ")
+    # The optimum inside the box, or a box of L = 1 only: no hint.
+    stats, *_, config = simulate()
+    assert single_step_hint(tuning_history(stats, config=config)) is None
+    stats, *_, config = simulate(reward=short, num_steps=(1, 1))
+    assert single_step_hint(tuning_history(stats, config=config)) is None
