@@ -547,7 +547,7 @@ def test_divergence_penalty_lowers_the_reward_of_rounds_with_divergences():
 
 
 def test_bad_options_raise_before_tracing():
-    with pytest.raises(ValueError, match="both"):
+    with pytest.raises(ValueError, match="step_size_bounds needs num_steps_bounds"):
         adaptive_hmc(standard_normal, step_size_bounds=(0.1, 1.0))
     with pytest.raises(ValueError, match="needs step_size_bounds"):
         adaptive_hmc(standard_normal, paper_preset=True)

@@ -127,6 +127,26 @@ def test_blackjax_bad_box_replays_exactly_and_warns():
     assert "Widen the box" in text
 
 
+def test_blackjax_user_l_range_with_automatic_step_sizes_replays_exactly():
+    """num_steps_bounds alone (the automatic step sizes around eps*): the diagnostics rebuild the same grid
+    of arms from the run's box, so the replayed tuner is the engine's and the chosen arm is the run's."""
+    pytest.importorskip("blackjax")
+    from ahmc.adapters.blackjax import gpucb_adaptation
+
+    options = {"num_steps_bounds": (2, 5), "round_length": 5}
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0])) ** 2)
+
+    (_, parameters), info = gpucb_adaptation(logdensity, **options).run(jax.random.key(2), jnp.ones((2, 2)), 400)
+    assert tuple(np.asarray(info.search_box.num_steps)) == (2, 5)
+    history = history_from_blackjax(info, **options)
+    assert_matches_engine(replay(history), info.tuner_state)
+    assert history.chosen_step_size[0] == pytest.approx(float(parameters["step_size"]), rel=1e-5)
+    assert history.chosen_num_steps[0] == int(parameters["num_integration_steps"])
+    assert "search box: step_size" in tuning_summary(history) and "L 2..5" in tuning_summary(history)
+
+
 def pymc_like_datatree(stats, *, attrs=None, box=None):
     """A DataTree shaped like PyMC's with `discard_tuned_samples=False` (no PyMC needed)."""
     tune = stats["tune"][0]

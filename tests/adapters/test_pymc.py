@@ -380,6 +380,17 @@ def test_stats_declared_and_tuning_history_rebuilds():
     assert np.all((1 <= stats["n_steps"].values) & (stats["n_steps"].values <= stats["max_steps"].values))
 
 
+def test_num_steps_bounds_alone_fixes_l_and_keeps_the_automatic_step_sizes():
+    """The L range the user gives, around the step size dual averaging found (the box eps* x (0.5, 2))."""
+    idata = sample(gaussian_model(), step_kwargs=dict(num_steps_bounds=(2, 5)))
+    stats = idata.sample_stats
+    assert np.all(stats["max_steps_min"].values == 2) and np.all(stats["max_steps_max"].values == 5)
+    assert np.all((2 <= stats["max_steps"].values) & (stats["max_steps"].values <= 5))
+    lo, hi = stats["step_size_min"].values, stats["step_size_max"].values
+    np.testing.assert_allclose(hi / lo, 4.0)
+    assert np.all((lo <= stats["step_size"].values) & (stats["step_size"].values <= hi))
+
+
 def test_divergence_penalty_scales_the_first_round_reward():
     """Same seed, no mass-matrix adaptation: the first round's draws agree, its reward is the paper reward x exp(-10 f)."""
     rewards, divergent = {}, {}
