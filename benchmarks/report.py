@@ -11,7 +11,8 @@ What it holds, after Wang, Mohamed & de Freitas (ICML 2013):
 
 * per model, a table like the paper's Table 1: ESS per gradient (= per
   leapfrog step) min / median / max over coordinates, as mean +- sd over the
-  chains (each chain's ESS alone), plus the pooled numbers of the main report;
+  chains (each chain's ESS alone), plus the pooled numbers of the main report,
+  the gradients per draw and, for AHMC, the arm each chain ended on;
 * box plots of those per-chain numbers per model and sampler (Figure 2);
 * AHMC against NUTS chain by chain, min (red) / median (blue) / max (black),
   on both axes the same starting point (Figure 3);
@@ -76,10 +77,28 @@ def _best(runs, names, key=("ess_per_grad", "min")):
 # --------------------------------------------------------------------------- #
 
 
+def _span(values, digits) -> str:
+    """``lo-hi`` of the chains' values (one value when they agree)."""
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}g}" if lo == hi else f"{lo:.{digits}g}-{hi:.{digits}g}"
+
+
+def _arm_cells(record) -> tuple[str, str]:
+    """Gradients per draw in sampling, and the tuned arm (step size / L at the last draw, over chains)."""
+    per_draw = record["metrics"].get("grads", {}).get("per_draw")
+    extra = record.get("extra", {})
+    eps, steps = extra.get("final_step_size"), extra.get("final_num_steps")
+    arm = f"{_span(eps, 3)} / {_span(steps, 4)}" if eps and steps else "-"
+    return _fmt(per_draw), arm
+
+
 def table1(results, model) -> list[str]:
-    """The paper's Table 1 for one model: per-chain ESS/grad, mean +- sd over chains, x 100."""
-    lines = ["| sampler | chains | min | median | max | pooled min / median / max | max R-hat | max \\|z\\| |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The paper's Table 1 for one model: per-chain ESS/grad, mean +- sd over chains, x 100; then the
+    gradients per draw and, for AHMC, the arm the tuner ended on (a chain at ``L = 1`` makes every
+    transition a single leapfrog step)."""
+    lines = ["| sampler | chains | min | median | max | pooled min / median / max | max R-hat | max \\|z\\| | "
+             "grads / draw | final arm: step size / L |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in _ok(results, model):
         per_chain = chain_numbers(r)
         cells = [f"{100 * np.mean(v):.3g} ± {100 * np.std(v, ddof=1) if v.size > 1 else 0:.2g}"
@@ -87,8 +106,9 @@ def table1(results, model) -> list[str]:
         m = r["metrics"]
         pooled = " / ".join(_fmt(100 * m["ess_per_grad"][s]) for s in STATS)
         z = m.get("max_abs_z_reference", m.get("max_abs_z_mean"))
+        per_draw, arm = _arm_cells(r)
         lines.append(f"| {r['sampler']} | {m['num_chains']} | {' | '.join(cells)} | {pooled} | "
-                     f"{_fmt(m['rhat_max'], 4)} | {_fmt(z)} |")
+                     f"{_fmt(m['rhat_max'], 4)} | {_fmt(z)} | {per_draw} | {arm} |")
     return lines
 
 
@@ -368,6 +388,11 @@ def write_report(json_path: str | Path) -> Path:
         *targets_table(results),
         "",
         "## Per model: ESS per gradient x 100, mean ± sd over chains (as the paper's Table 1)",
+        "",
+        "The last two columns: leapfrog steps per draw in sampling, and for AHMC the arm each chain ran at "
+        "its last draw (one value when the chains agree, else their range). `L` is the largest number of "
+        "steps of a transition, which draws its steps uniformly from 1 to `L`; at `L = 1` every transition is "
+        "a single leapfrog step.",
         "",
     ]
     for model in models:

@@ -1292,3 +1292,23 @@ def test_targets_over_seeds_tell_a_target_met_on_average_from_one_met_in_every_s
     assert "| ahmc_blackjax | min ESS/s vs NumPyro's NUTS | 2 of 2 | 0 of 2 | none |" in text  # means 1.0x, 1.05x
     with pytest.raises(SystemExit, match="was not made like"):
         targets_seeds.load([seed0, write(2, [], num_samples=500)])
+
+
+def test_table1_shows_gradients_per_draw_and_the_arm_each_chain_ended_on():
+    from benchmarks import report
+
+    def record(sampler, extra, per_draw):
+        chain = {"ess_per_grad": {"min": 0.2, "median": 0.3, "max": 0.4}}
+        return {"model": "ripley", "sampler": sampler, "status": "ok", "extra": extra,
+                "metrics": {"num_chains": 2, "per_chain": [chain, chain], "rhat_max": 1.002,
+                            "ess_per_grad": {"min": 0.2, "median": 0.3, "max": 0.4}, "grads": {"per_draw": per_draw}}}
+
+    results = {"runs": [
+        record("ahmc_numpyro", {"final_step_size": [1.29, 1.29], "final_num_steps": [1.0, 1.0]}, 1.0),
+        record("ahmc_pymc", {"final_step_size": [0.614, 0.587], "final_num_steps": [5.0, 1.0]}, 2.62),
+        record("blackjax_nuts", {}, 3.3)]}
+    rows = report.table1(results, "ripley")
+    assert rows[0].endswith("| grads / draw | final arm: step size / L |")
+    assert rows[2].endswith("| 1 | 1.29 / 1 |")
+    assert rows[3].endswith("| 2.62 | 0.587-0.614 / 1-5 |")
+    assert rows[4].endswith("| 3.3 | - |")
