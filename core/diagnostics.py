@@ -677,7 +677,8 @@ def single_step_hint(history: TuningHistory) -> str | None:
             f"(MALA) step. In low dimension the squared-jump reward can prefer it although its rejections "
             f"make the chain stick: on the 3-parameter Ripley regression such runs had 0.63-0.82x the ESS per "
             f"gradient of the other seeds (BENCHMARKS.md, \"A floor of two leapfrog steps\"). To rule it out "
-            f"keep the automatic step sizes and give {bound}.")
+            f"give {bound}: alone it keeps the automatic step sizes; with a box of your own, raise its lower "
+            f"L bound to 2.")
 
 
 def tuning_warnings(history: TuningHistory) -> list[str]:
