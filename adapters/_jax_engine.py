@@ -1181,15 +1181,15 @@ def build_engine(
             # The GP phase starts: fix eps* and (if automatic) the search box.
             starts_gp = it == metric_phase - 1
             eps_star = jnp.exp(da_state.log_step_size_avg).astype(dtype)
-            if auto_box and num_steps_bounds is not None:  # the user's L range; only eps follows eps*
-                new_box = SearchBox(eps_star * jnp.asarray((lo_factor, hi_factor), dtype), state.box.num_steps)
-                box = jax.tree.map(lambda a, b: jnp.where(starts_gp, a, b), new_box, state.box)
-            elif auto_box:
-                l_hi = jnp.clip(jnp.ceil(max_integration_time / eps_star), 2, num_steps_cap).astype(jnp.int32)
-                if super_transitions:  # every arm must fit one transition in the budget
-                    l_hi = jnp.minimum(l_hi, max(2, 2 * int(super_transitions) - 1))
-                new_box = SearchBox(eps_star * jnp.asarray((lo_factor, hi_factor), dtype),
-                                    jnp.stack([jnp.asarray(1, jnp.int32), l_hi]))
+            if auto_box:
+                if num_steps_bounds is not None:  # the user's L range; only eps follows eps*
+                    l_range = state.box.num_steps
+                else:
+                    l_hi = jnp.clip(jnp.ceil(max_integration_time / eps_star), 2, num_steps_cap).astype(jnp.int32)
+                    if super_transitions:  # every arm must fit one transition in the budget
+                        l_hi = jnp.minimum(l_hi, max(2, 2 * int(super_transitions) - 1))
+                    l_range = jnp.stack([jnp.asarray(1, jnp.int32), l_hi])
+                new_box = SearchBox(eps_star * jnp.asarray((lo_factor, hi_factor), dtype), l_range)
                 box = jax.tree.map(lambda a, b: jnp.where(starts_gp, a, b), new_box, state.box)
             else:
                 box = state.box

@@ -664,7 +664,7 @@ def single_step_hint(history: TuningHistory) -> str | None:
     for t, chains in enumerate(history.tuner_chains):
         if not history.chosen_is_known[t] or int(history.chosen_num_steps[t]) != 1:
             continue
-        upper = _grid(history.config, t).num_steps_box[1] if _has_box(history.config) else None
+        upper = int(round(_pair(history.config.num_steps, t)[1])) if _has_box(history.config) else None
         if upper is not None and upper <= 1:
             continue  # the user asked for L = 1
         notes.append((chains[0], upper))
