@@ -962,7 +962,7 @@ def build_engine(
             extra["center"] = jnp.mean(jax.vmap(lambda p: ravel_pytree(p)[0])(positions), axis=0)
         return extra
 
-    def close_round(operand, *, arm_l, key_tuner, round_draws=None, num_draws=None):
+    def close_round(operand, *, arm_l, key_tuner, round_draws=None, num_draws=None, ends=True):
         """The end of a round: the round's reward, the tuner's update, fresh round sums.
 
         ``operand`` is ``(tuner_state, round_stats, adapt_probability, hook_state)``; ``arm_l`` the
@@ -978,8 +978,11 @@ def build_engine(
             rewards, hook_state = round_end_fn(round_draws, num_draws, hook_state)
             rewards = jnp.asarray(rewards, dtype)
             rewards = rewards if pooled else jnp.broadcast_to(rewards, (num_chains,))
-        # A host callback only when a reward is not finite (this cond is never vmapped: the chains are inside).
-        jax.lax.cond(jnp.all(jnp.isfinite(rewards)), lambda: None, _warn_nonfinite_reward)
+        # A host callback only when a reward is not finite; the flag goes to the host too, because under a
+        # user's jax.vmap (one-chain adaptive_hmc) this cond becomes a select that runs both branches.
+        # ``ends``: whether the round really ends here (False in the branch a vmapped cond runs anyway).
+        finite = jnp.all(jnp.isfinite(rewards))
+        jax.lax.cond(finite, lambda _: None, _warn_nonfinite_reward, ~finite & ends)
         fresh = fresh_round_stats(num_chains, dtype)
         if pooled:
             reward = jnp.mean(rewards)
@@ -1146,7 +1149,7 @@ def build_engine(
             warmup_ends = it == num_warmup - 1
             if num_warmup > 0:
                 jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains),
-                             lambda operand: None, (window, ld))
+                             lambda operand: None, (window, ld, warmup_ends))
             window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
                                   window_init(num_chains, dtype), window)
             slow_now = in_metric_phase & is_slow[phase_it]
@@ -1223,7 +1226,8 @@ def build_engine(
             round_draws = jax.tree.map(lambda buf, x: buf.at[:, slot].set(x), state.round_draws, new.position)
 
         end_round = partial(close_round, arm_l=arm_l, key_tuner=key_tuner, round_draws=round_draws,
-                            num_draws=state.round_iteration + 1 if round_end_fn is not None else None)
+                            num_draws=state.round_iteration + 1 if round_end_fn is not None else None,
+                            ends=is_round_end if round_end == "cond" else True)
 
         def continue_round(operand):
             tuner_state, stats, p, hook_state = operand
@@ -1378,7 +1382,7 @@ def build_engine(
 
         start = (state, jnp.asarray(0, jnp.int32), outputs, pending, jnp.asarray(False), jnp.asarray(False))
         state, _, outputs, _, _, nonfinite = jax.lax.while_loop(lambda c: c[1] < num_rounds, segment, start)
-        jax.lax.cond(nonfinite, _warn_nonfinite_reward, lambda: None)
+        jax.lax.cond(nonfinite, _warn_nonfinite_reward, lambda _: None, nonfinite)
         return state, outputs
 
     def scan_draws(rng_key, state: EngineState, num_samples: int, first_iteration: int):
@@ -1535,14 +1539,17 @@ def lost_chains(window: WindowStats, logdensity=None, remaining=None):
 
 def _warn_if_lost(operand, compare_chains=True):
     """End of warm-up: warn (host callback) about chains far below the others, or stuck, over the last window."""
-    window, logdensity = operand
+    window, logdensity, now = operand
     count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
     lost = far_below(window, logdensity) if compare_chains else jnp.zeros(window.logdensity.shape, bool)
-    jax.debug.callback(_warn_host, lost, window.acceptance / count, window.logdensity / count)
+    jax.debug.callback(_warn_host, lost, window.acceptance / count, window.logdensity / count, now)
 
 
-def _warn_host(lost, acceptance, mean_logdensity):
-    lost, acceptance = np.asarray(lost, bool), np.asarray(acceptance)
+def _warn_host(lost, acceptance, mean_logdensity, now=True):
+    if not np.all(now):  # a vmapped cond runs this branch at every iteration: only the last one counts
+        return
+    lost, acceptance = np.asarray(lost, bool).reshape(-1), np.asarray(acceptance).reshape(-1)
+    mean_logdensity = np.asarray(mean_logdensity).reshape(-1)
     stuck = acceptance < STUCK_ACCEPTANCE
     if not (lost.any() or stuck.any()):
         return
@@ -1562,11 +1569,13 @@ def _warn_host(lost, acceptance, mean_logdensity):
     )
 
 
-def _warn_nonfinite_reward():
-    jax.debug.callback(_warn_nonfinite_reward_host)
+def _warn_nonfinite_reward(flag):
+    jax.debug.callback(_warn_nonfinite_reward_host, flag)
 
 
-def _warn_nonfinite_reward_host():
+def _warn_nonfinite_reward_host(flag=True):
+    if not np.any(flag):
+        return
     warnings.warn(NONFINITE_REWARD_MESSAGE, UserWarning, stacklevel=2)
 
 

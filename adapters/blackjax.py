@@ -8,20 +8,23 @@ Three entry points, in BlackJAX's conventions:
   plug into :func:`uniform_steps_hmc`, the kernel AHMC tunes: HMC whose number
   of leapfrog steps is drawn uniformly from ``{1..num_integration_steps}`` at
   every iteration (``blackjax.dynamic_hmc`` with that draw).
-* :func:`adaptive_hmc` -- ``SamplingAlgorithm(init, step)`` whose state carries
-  the GP-UCB tuner: adaptation goes on after warm-up with a vanishing
-  probability (the paper's "infinite adaptation", section 4), unless
-  ``freeze_after`` stops it.
+* :func:`adaptive_hmc` -- ``SamplingAlgorithm(init, step)`` for ONE chain, in BlackJAX's kernel
+  convention (``init(position, rng_key)``; ``jax.vmap`` over keys and states for several chains,
+  each with its own tuner), whose state carries the GP-UCB tuner: adaptation goes on after warm-up
+  with a vanishing probability (the paper's "infinite adaptation", section 4), unless
+  ``freeze_after`` stops it.  :func:`pooled_adaptive_hmc` ``(logdensity_fn, num_chains)`` is the
+  many-chain form whose chains share one tuner.
 * :func:`run_chains` -- warm-up + sampling in one call, for scripts and benchmarks.
 * Riemann-manifold HMC: :func:`gpucb_rmhmc_adaptation`, :func:`uniform_steps_rmhmc`,
   :func:`adaptive_rmhmc`, :func:`run_rmhmc_chains` (same knobs plus ``metric``; the
   automatic box's ``max_integration_time`` defaults to 2 pi with ``fisher_logistic_metric``;
   see the section at the end of this module).
 
-Chains live on a leading axis of ``positions`` and advance together: with the
+In :func:`gpucb_adaptation`, :func:`pooled_adaptive_hmc` and :func:`run_chains`, chains live on a
+leading axis of ``positions`` and advance together (like BlackJAX's ensemble adaptations): with the
 default ``pooled=True`` they share one tuner (the chain-mean reward enters the
 GP once, with weight ``num_chains``); ``pooled=False`` gives every chain its
-own tuner.  Do not ``jax.vmap`` these functions over chains yourself.  To
+own tuner.  Do not ``jax.vmap`` these three; a single chain's position given to them is refused.  To
 spread chains over devices, shard ``positions`` along the chain axis (e.g.
 ``jax.device_put(positions, NamedSharding(mesh, P("chains")))``); the tuner is
 replicated and the pooled reward becomes a cross-device mean.
@@ -53,6 +56,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
+
 try:
     import jax
     import jax.numpy as jnp
@@ -78,10 +83,12 @@ __all__ = [
     "gpucb_adaptation",
     "uniform_steps_hmc",
     "adaptive_hmc",
+    "pooled_adaptive_hmc",
     "run_chains",
     "gpucb_rmhmc_adaptation",
     "uniform_steps_rmhmc",
     "adaptive_rmhmc",
+    "pooled_adaptive_rmhmc",
     "run_rmhmc_chains",
     "constant_metric",
     "fisher_logistic_metric",
@@ -109,7 +116,7 @@ class GPUCBAdaptationInfo(NamedTuple):
         Final tuner state; ``tuner.surrogate(tuner_state)`` (with
         ``tuner = build_engine(...).tuner``) gives the learned reward surface.
     adaptation_state : EngineState
-        Final engine state: ``adaptive_hmc(logdensity_fn, num_warmup=num_steps,
+        Final engine state: ``pooled_adaptive_hmc(logdensity_fn, num_chains, num_warmup=num_steps,
         **same_options).step`` continues from it with infinite adaptation.
     """
 
@@ -189,6 +196,7 @@ def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **o
     options = _options(paper_preset, options)
 
     def run(rng_key, positions, num_steps: int = 1000):
+        check_chain_batch(logdensity_fn, positions, "gpucb_adaptation(...).run")
         engine = build_engine(logdensity_fn, num_warmup=num_steps, **options)
         init_key, run_key, generator_key = jax.random.split(rng_key, 3)
         state = engine.init(positions, init_key)
@@ -204,6 +212,53 @@ def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **o
     return AdaptationAlgorithm(run)
 
 
+def _stack_chains(position, num_chains: int):
+    return jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x)[None], (num_chains,) + jnp.shape(x)), position)
+
+
+def _chain_axis_mask(engine, position):
+    """Which leaves of the engine's state carry the chain axis: those whose shape changes from 1 chain to 2.
+
+    Found from shapes alone (``jax.eval_shape``), so it costs a trace, never a run, and needs no list of
+    fields kept in step with the engine."""
+    key = jax.random.key(0)
+    one = jax.eval_shape(engine.init, _stack_chains(position, 1), key)
+    two = jax.eval_shape(engine.init, _stack_chains(position, 2), key)
+    return jax.tree.map(lambda a, b: a.shape != b.shape, one, two)
+
+
+def _one_chain(engine) -> SamplingAlgorithm:
+    """BlackJAX's kernel convention on top of the many-chain engine: one chain's state, ``jax.vmap``-able.
+
+    The state is the engine's with its chain axis (of size one) removed, so ``state.position`` is the
+    chain's position and ``jax.vmap(step)`` over keys and states runs independent chains, each with
+    its own tuner."""
+
+    def init(position, rng_key=None) -> EngineState:
+        leaves = jax.tree.leaves(position)
+        if not leaves:
+            raise ValueError("position is an empty pytree: adaptive_hmc needs at least one coordinate.")
+        mask = _chain_axis_mask(engine, position)
+        state = engine.init(_stack_chains(position, 1), rng_key)
+        return jax.tree.map(lambda x, m: x[0] if m else x, state, mask)
+
+    def step(rng_key, state: EngineState):
+        mask = _chain_axis_mask(engine, state.position)
+        batched = jax.tree.map(lambda x, m: x[None] if m else x, state, mask)
+        batched, info = engine.step(rng_key, batched)
+        return jax.tree.map(lambda x, m: x[0] if m else x, batched, mask), jax.tree.map(lambda x: x[0], info)
+
+    return SamplingAlgorithm(init, step)
+
+
+def _single_chain_options(options: dict, name: str) -> dict:
+    if "pooled" in options:
+        raise ValueError(
+            f"{name} runs one chain, so pooled= does not apply: jax.vmap over its init and step gives every "
+            f"chain its own tuner; for one tuner shared by all chains use pooled_{name}(logdensity_fn, num_chains).")
+    return options
+
+
 def adaptive_hmc(
     logdensity_fn: Callable,
     *,
@@ -211,10 +266,13 @@ def adaptive_hmc(
     paper_preset: bool = False,
     **options,
 ) -> SamplingAlgorithm:
-    """Adaptive HMC as a ``SamplingAlgorithm(init, step)`` whose state carries the tuner.
+    """Adaptive HMC for one chain, as a BlackJAX ``SamplingAlgorithm(init, step)`` whose state carries the tuner.
 
-    ``init(positions, rng_key=None) -> EngineState`` (leading chain axis);
-    ``step(rng_key, state) -> (EngineState, EngineInfo)`` advances every chain.
+    ``init(position, rng_key) -> EngineState`` takes ONE chain's position (any pytree);
+    ``step(rng_key, state) -> (EngineState, EngineInfo)`` advances that chain.  For several chains
+    ``jax.vmap`` both over keys and positions: each chain then has its own tuner.  For one tuner shared
+    by all chains (the pooled tuner of :func:`run_chains`), use :func:`pooled_adaptive_hmc`.
+
     The first ``num_warmup`` steps are warm-up (mass matrix, step size, GP-UCB
     with ``p_i = 1``); afterwards the arm still moves, with probability
     ``p_i = (i - k + 1)^(-1/2)`` after round ``i`` (``k`` = GP rounds in warm-up).
@@ -225,9 +283,92 @@ def adaptive_hmc(
     de Freitas 2013, section 4).  ``freeze_after=n`` stops moving the arm after
     ``n`` GP rounds (``"warmup"``: at the end of warm-up) for a fixed kernel.
     ``EngineInfo.adapt_probability`` records ``p_i``.
+
+    Examples
+    --------
+    >>> sampler = adaptive_hmc(logdensity_fn)                                          # doctest: +SKIP
+    >>> states = jax.vmap(sampler.init)(positions, jax.random.split(key, 4))          # doctest: +SKIP
+    >>> states, info = jax.jit(jax.vmap(sampler.step))(jax.random.split(key, 4), states)  # doctest: +SKIP
     """
+    options = _single_chain_options(_options(paper_preset, options), "adaptive_hmc")
+    return _one_chain(build_engine(logdensity_fn, num_warmup=num_warmup, **options))
+
+
+def pooled_adaptive_hmc(
+    logdensity_fn: Callable,
+    num_chains: int,
+    *,
+    num_warmup: int = 1000,
+    paper_preset: bool = False,
+    **options,
+) -> SamplingAlgorithm:
+    """Adaptive HMC for ``num_chains`` chains that share one tuner (like ``blackjax.chees_adaptation(fn, num_chains)``).
+
+    ``init(positions, rng_key)`` takes positions with a leading axis of size ``num_chains``;
+    ``step(rng_key, state)`` advances every chain at once: do not ``jax.vmap`` it.  The chain-mean
+    reward enters the GP once, with weight ``num_chains``.  ``pooled=False`` gives every chain its own
+    tuner inside the one compiled step.  It also continues from ``gpucb_adaptation(...).run``'s
+    ``adaptation_state`` (same ``num_warmup`` and options)."""
+    num_chains = _check_num_chains(num_chains)
     engine = build_engine(logdensity_fn, num_warmup=num_warmup, **_options(paper_preset, options))
-    return SamplingAlgorithm(engine.init, engine.step)
+    return _many_chains(engine, logdensity_fn, num_chains, "pooled_adaptive_hmc")
+
+
+def _check_num_chains(num_chains) -> int:
+    if isinstance(num_chains, bool) or not isinstance(num_chains, (int, np.integer)) or num_chains < 1:
+        raise ValueError(f"num_chains must be a positive integer (the size of the positions' leading axis); "
+                         f"got {num_chains!r}.")
+    return int(num_chains)
+
+
+def _many_chains(engine, logdensity_fn, num_chains, name) -> SamplingAlgorithm:
+    def init(positions, rng_key=None):
+        check_chain_batch(logdensity_fn, positions, name, num_chains=num_chains)
+        return engine.init(positions, rng_key)
+
+    return SamplingAlgorithm(init, engine.step)
+
+
+def check_chain_batch(logdensity_fn, positions, name: str, num_chains: int | None = None) -> None:
+    """Refuse positions that are not a batch of chains, before anything compiles.
+
+    A single chain's ``(d,)`` position has the shape of ``d`` chains of a scalar; reading it so samples
+    the wrong target in silence.  When every leaf is one-dimensional and ``logdensity_fn`` also accepts
+    the whole of ``positions`` as one position (returns a scalar), the reading is ambiguous and this
+    raises with both fixes."""
+    leaves = jax.tree.leaves(positions)
+    if not leaves:
+        raise ValueError(f"{name}: positions is an empty pytree; give each chain's starting position, "
+                         "stacked along a leading chain axis.")
+    shapes = [tuple(np.shape(x)) for x in leaves]
+    if any(len(shape) == 0 for shape in shapes) or len({shape[0] for shape in shapes}) != 1:
+        raise ValueError(
+            f"{name}: positions must have a leading chain axis of the same size on every leaf; got leaf shapes "
+            f"{shapes}. For one chain: jax.tree.map(lambda x: x[None], position), or use adaptive_hmc's "
+            "single-chain init.")
+    size = shapes[0][0]
+    if size == 0:
+        raise ValueError(f"{name}: positions has 0 chains (leading axis of size 0); give at least one chain.")
+    if any(int(np.prod(shape[1:])) == 0 for shape in shapes if len(shape) > 1):
+        raise ValueError(f"{name}: positions has a leaf with no coordinates (leaf shapes {shapes}); every chain's "
+                         "position needs at least one coordinate.")
+    if num_chains is not None and size != num_chains:
+        raise ValueError(f"{name} was built for num_chains={num_chains}, but positions has a leading axis of size "
+                         f"{size}: stack {num_chains} positions, or build it with num_chains={size}.")
+    if all(len(shape) == 1 for shape in shapes) and _accepts_as_one_position(logdensity_fn, positions):
+        raise ValueError(
+            f"{name}: positions with leaf shapes {shapes} read as {size} chains of a scalar, but logdensity_fn also "
+            f"takes them as ONE position of {sum(s[0] for s in shapes)} coordinates. For one chain, add the chain "
+            f"axis: jax.tree.map(lambda x: x[None], position). For {size} chains of a one-dimensional target, give "
+            f"shape ({size}, 1).")
+
+
+def _accepts_as_one_position(logdensity_fn, positions) -> bool:
+    try:
+        out = jax.eval_shape(logdensity_fn, positions)
+    except Exception:  # noqa: BLE001 - any failure means it is not one position
+        return False
+    return hasattr(out, "shape") and out.shape == ()
 
 
 def run_chains(
@@ -247,6 +388,7 @@ def run_chains(
     gradient evaluations = ``info.num_integration_steps`` summed (split by
     ``info.is_warmup``).
     """
+    check_chain_batch(logdensity_fn, positions, "run_chains")
     samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
                                **_options(paper_preset, options))
     return samples, info
@@ -326,6 +468,7 @@ def gpucb_rmhmc_adaptation(logdensity_fn: Callable, *, paper_preset: bool = Fals
     options = _options(paper_preset, options)
 
     def run(rng_key, positions, num_steps: int = 1000):
+        check_chain_batch(logdensity_fn, positions, "gpucb_rmhmc_adaptation(...).run")
         engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_steps, **options)
         init_key, run_key = jax.random.split(rng_key)
         state = engine.init(positions, init_key)
@@ -344,14 +487,30 @@ def adaptive_rmhmc(
     paper_preset: bool = False,
     **options,
 ) -> SamplingAlgorithm:
-    """Adaptive RMHMC (ARMHMC) as a ``SamplingAlgorithm(init, step)``; see :func:`adaptive_hmc`.
+    """Adaptive RMHMC (ARMHMC) for one chain, in BlackJAX's kernel convention; see :func:`adaptive_hmc`.
 
     ``EngineInfo.fixed_point_converged`` reports failed implicit solves (those
     proposals are rejected) and ``EngineInfo.num_gradient_evals`` counts
-    log-density gradients plus metric evaluations.
+    log-density gradients plus metric evaluations.  ``jax.vmap`` over init and step for several
+    chains (a tuner each), or :func:`pooled_adaptive_rmhmc` for one shared tuner.
     """
+    options = _single_chain_options(_options(paper_preset, options), "adaptive_rmhmc")
+    options.setdefault("sequential_chains", False)  # one chain: nothing to run one after another
+    return _one_chain(build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **options))
+
+
+def pooled_adaptive_rmhmc(
+    logdensity_fn: Callable,
+    num_chains: int,
+    *,
+    num_warmup: int = 1000,
+    paper_preset: bool = False,
+    **options,
+) -> SamplingAlgorithm:
+    """Adaptive RMHMC for ``num_chains`` chains sharing one tuner; see :func:`pooled_adaptive_hmc`."""
+    num_chains = _check_num_chains(num_chains)
     engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **_options(paper_preset, options))
-    return SamplingAlgorithm(engine.init, engine.step)
+    return _many_chains(engine, logdensity_fn, num_chains, "pooled_adaptive_rmhmc")
 
 
 def run_rmhmc_chains(
@@ -369,6 +528,7 @@ def run_rmhmc_chains(
     Cost: ``info.num_gradient_evals`` (gradients + metric evaluations), not
     ``num_integration_steps``.
     """
+    check_chain_batch(logdensity_fn, positions, "run_rmhmc_chains")
     samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
                                build=build_rmhmc_engine, **_options(paper_preset, options))
     return samples, info

@@ -21,6 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from ahmc.adapters.blackjax import (  # noqa: E402
     adaptive_hmc,
+    pooled_adaptive_hmc,
     gpucb_adaptation,
     run_chains,
     uniform_steps_hmc,
@@ -468,7 +469,7 @@ def test_adaptive_hmc_continues_the_warmup_and_freezes():
     options = {"freeze_after": "warmup"}
     warmup = gpucb_adaptation(standard_normal, **options)
     _, warm_info = warmup.run(jax.random.key(20), initial_positions(21, 5), 400)
-    sampler = adaptive_hmc(standard_normal, num_warmup=400, **options)
+    sampler = pooled_adaptive_hmc(standard_normal, NUM_CHAINS, num_warmup=400, **options)
     step = jax.jit(sampler.step)
     state = warm_info.adaptation_state
     arms = []
@@ -515,7 +516,7 @@ def test_nonfinite_initial_logdensity_raises():
     with pytest.raises(ValueError, match=r"not finite at the initial position of chain\(s\) \[2\]"):
         gpucb_adaptation(logdensity).run(jax.random.key(28), positions, 100)
     with pytest.raises(ValueError, match="leading chain axis"):
-        adaptive_hmc(standard_normal).init(jnp.zeros(()))
+        pooled_adaptive_hmc(standard_normal, NUM_CHAINS).init(jnp.zeros(()))
 
 
 def test_divergences_are_counted_not_fatal():

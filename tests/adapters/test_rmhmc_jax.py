@@ -26,6 +26,7 @@ from ahmc.adapters._jax_rmhmc import (  # noqa: E402
 )
 from ahmc.adapters.blackjax import (  # noqa: E402
     adaptive_rmhmc,
+    pooled_adaptive_rmhmc,
     constant_metric,
     fisher_logistic_metric,
     gpucb_rmhmc_adaptation,
@@ -442,7 +443,7 @@ def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
     assert np.mean(converged) > 0.99
     assert_moments_match(np.swapaxes(np.asarray(draws), 0, 1), np.zeros(2), np.ones(2))
 
-    sampler = adaptive_rmhmc(correlated_gaussian, num_warmup=20)
+    sampler = pooled_adaptive_rmhmc(correlated_gaussian, NUM_CHAINS, num_warmup=20)
     engine_state = sampler.init(starts(14, 2), jax.random.key(15))
     engine_state, info = jax.jit(sampler.step)(jax.random.key(16), engine_state)
     assert info.fixed_point_converged.dtype == bool and info.num_gradient_evals.shape == (NUM_CHAINS,)
@@ -503,7 +504,7 @@ def test_bad_knobs_raise(options, match):
     ],
 )
 def test_bad_user_metric_raises_at_init(metric, match):
-    sampler = adaptive_rmhmc(correlated_gaussian, metric=metric)
+    sampler = pooled_adaptive_rmhmc(correlated_gaussian, NUM_CHAINS, metric=metric)
     with pytest.raises(ValueError, match=match):
         sampler.init(starts(0, 2))
 
@@ -514,7 +515,7 @@ def test_bad_constant_metric_raises():
     with pytest.raises(ValueError, match="positive definite"):
         constant_metric(-np.eye(2))
     with pytest.raises(ValueError, match="coordinates"):
-        adaptive_rmhmc(correlated_gaussian, metric=constant_metric(np.eye(3))).init(starts(0, 2))
+        pooled_adaptive_rmhmc(correlated_gaussian, NUM_CHAINS, metric=constant_metric(np.eye(3))).init(starts(0, 2))
     with pytest.raises(ValueError, match="design matrix"):
         fisher_logistic_metric(np.ones(3))
 

@@ -1,0 +1,131 @@
+"""ahmc's BlackJAX adapter used the way BlackJAX users write every sampler.
+
+``alg = adaptive_hmc(logdensity_fn)``; ``state = alg.init(position, key)`` with ONE chain's position;
+``jax.vmap`` over keys and states for several chains.  The many-chain forms (``pooled_adaptive_hmc``,
+``run_chains``, ``gpucb_adaptation(...).run``) take a leading chain axis and refuse anything else.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ahmc.adapters.blackjax import (
+    adaptive_hmc,
+    adaptive_rmhmc,
+    gpucb_adaptation,
+    pooled_adaptive_hmc,
+    run_chains,
+)
+from tests.reference import assert_moments_match
+
+NUM_CHAINS = 4
+# The ill-scaled Gaussian of the issue: scales 0.01..100, means linspace(-3, 3).
+SCALES = np.logspace(-2, 2, 10)
+MEANS = np.linspace(-3.0, 3.0, 10)
+
+
+def ill_scaled(x):
+    return -0.5 * jnp.sum(((x - MEANS) / SCALES) ** 2)
+
+
+def vmapped_run(sampler, positions, key, num_steps):
+    keys = jax.random.split(key, positions.shape[0] if hasattr(positions, "shape") else NUM_CHAINS)
+    states = jax.vmap(sampler.init)(positions, keys)
+
+    @jax.jit
+    def run(states, key):
+        def body(states, key):
+            states, info = jax.vmap(sampler.step)(jax.random.split(key, NUM_CHAINS), states)
+            return states, (states.position, info)
+
+        return jax.lax.scan(body, states, jax.random.split(key, num_steps))
+
+    return run(states, jax.random.fold_in(key, 1))
+
+
+def test_one_chain_init_and_vmap_sample_the_target():
+    num_warmup, num_draws = 800, 1500
+    sampler = adaptive_hmc(ill_scaled, num_warmup=num_warmup)
+    positions = MEANS + SCALES * jax.random.normal(jax.random.key(1), (NUM_CHAINS, 10))
+    state = sampler.init(positions[0], jax.random.key(0))
+    assert state.position.shape == (10,)  # one chain's state, as BlackJAX's kernels keep it
+    states, (draws, info) = vmapped_run(sampler, positions, jax.random.key(2), num_warmup + num_draws)
+    assert info.step_size.shape == (num_warmup + num_draws, NUM_CHAINS)
+    draws = np.swapaxes(np.asarray(draws)[num_warmup:], 0, 1)
+    assert_moments_match(draws, MEANS, SCALES, min_ess=100, max_rhat=1.05)
+    # independent tuners: the chains' arms differ
+    arms = np.asarray(info.step_size)[-1]
+    assert len(np.unique(arms)) > 1
+
+
+def test_pytree_position_one_chain():
+    def logdensity(p):
+        return -0.5 * (jnp.sum(p["a"] ** 2) + p["b"] ** 2 / 4.0)
+
+    sampler = adaptive_hmc(logdensity, num_warmup=300)
+    position = {"a": jnp.zeros(3), "b": jnp.asarray(0.5)}
+    state = sampler.init(position, jax.random.key(0))
+    assert state.position["a"].shape == (3,) and state.position["b"].shape == ()
+    positions = jax.tree.map(lambda x: jnp.stack([x + 0.1 * i for i in range(NUM_CHAINS)]), position)
+    states, (draws, _) = vmapped_run(sampler, positions, jax.random.key(3), 1300)
+    a = np.swapaxes(np.asarray(draws["a"])[300:], 0, 1)
+    b = np.swapaxes(np.asarray(draws["b"])[300:], 0, 1)
+    assert_moments_match(np.concatenate([a, b[..., None]], axis=-1), np.zeros(4), [1, 1, 1, 2],
+                         min_ess=100, max_rhat=1.05)
+
+
+def test_one_chain_rmhmc_vmaps():
+    sampler = adaptive_rmhmc(lambda x: -0.5 * jnp.sum(x**2), num_warmup=20)
+    positions = jax.random.normal(jax.random.key(4), (NUM_CHAINS, 2))
+    states, (draws, info) = vmapped_run(sampler, positions, jax.random.key(5), 30)
+    assert states.position.shape == (NUM_CHAINS, 2) and info.num_gradient_evals.shape == (30, NUM_CHAINS)
+    assert np.isfinite(np.asarray(draws)).all()
+
+
+def test_single_chain_forms_refuse_pooled():
+    with pytest.raises(ValueError, match="pooled= does not apply.*pooled_adaptive_hmc"):
+        adaptive_hmc(ill_scaled, pooled=True)
+
+
+def test_pooled_form_checks_the_chain_count():
+    sampler = pooled_adaptive_hmc(ill_scaled, NUM_CHAINS, num_warmup=100)
+    with pytest.raises(ValueError, match="num_chains=4.*leading axis of size 3"):
+        sampler.init(jnp.zeros((3, 10)), jax.random.key(0))
+    with pytest.raises(ValueError, match=r"read as 10 chains of a scalar.*x\[None\]"):
+        pooled_adaptive_hmc(ill_scaled, 10).init(jnp.zeros(10), jax.random.key(0))
+    with pytest.raises(ValueError, match="num_chains must be a positive integer"):
+        pooled_adaptive_hmc(ill_scaled, 0)
+    state = sampler.init(jnp.asarray(MEANS) + jnp.zeros((NUM_CHAINS, 10)), jax.random.key(0))
+    state, info = jax.jit(sampler.step)(jax.random.key(1), state)
+    assert state.position.shape == (NUM_CHAINS, 10) and info.step_size.shape == (NUM_CHAINS,)
+
+
+@pytest.mark.parametrize("entry", ["run_chains", "gpucb_adaptation"])
+def test_batch_entry_points_refuse_one_chains_position(entry):
+    position = jnp.asarray(MEANS)  # one chain's (10,) position where a (chains, 10) batch is expected
+    with pytest.raises(ValueError, match=r"read as 10 chains of a scalar.*x\[None\]"):
+        if entry == "run_chains":
+            run_chains(jax.random.key(0), ill_scaled, position, 10, 10)
+        else:
+            gpucb_adaptation(ill_scaled).run(jax.random.key(0), position, 10)
+
+
+def test_one_dimensional_targets_keep_working():
+    """A 1-d target whose log density is elementwise is not ambiguous: (chains,) positions run."""
+    samples, _ = run_chains(jax.random.key(0), lambda x: -0.5 * x**2, jnp.zeros(NUM_CHAINS) + 0.1, 200, 20)
+    assert samples.shape == (NUM_CHAINS, 20)
+
+
+@pytest.mark.parametrize(
+    ("positions", "match"),
+    [
+        (jnp.zeros((NUM_CHAINS, 0)), "no coordinates"),
+        (jnp.zeros((0, 3)), "0 chains"),
+        ({}, "empty pytree"),
+        ({"a": jnp.zeros((4, 2)), "b": jnp.zeros((3,))}, "same size on every leaf"),
+    ],
+)
+def test_bad_positions_get_clear_errors(positions, match):
+    with pytest.raises(ValueError, match=match):
+        run_chains(jax.random.key(0), lambda p: 0.0, positions, 10, 10)
