@@ -186,6 +186,15 @@ def inverse_cholesky(matrix):
     return jax.scipy.linalg.solve_triangular(factor, identity, lower=True, trans=True).T
 
 
+def current_energy(info, position, logdensity, metric):
+    """The Hamiltonian of the chain's state after a transition: the proposal's if accepted, else the start's.
+
+    This is what NumPyro's ``HMCState.energy`` and Stan's ``energy__`` hold, and what E-BFMI and ArviZ's
+    energy plot need; a rejected proposal's energy (inf after a divergence) would break both."""
+    start = -logdensity + metrics.default_metric(metric).kinetic_energy(info.momentum, position)
+    return jnp.where(info.is_accepted, info.energy, start.astype(jnp.result_type(info.energy)))
+
+
 def carried_metric(inverse_mass_matrix, whitening) -> metrics.Metric:
     """BlackJAX's Euclidean metric for a dense matrix, with its momentum factor given.
 
@@ -337,7 +346,8 @@ class EngineInfo(NamedTuple):
     acceptance_rate        Metropolis acceptance probability
     is_accepted            whether the proposal was accepted
     is_divergent           energy error above ``divergence_threshold``
-    energy                 total energy of the proposal
+    energy                 total energy (Hamiltonian) of the chain's state after the transition:
+                           the proposal's if accepted, else the starting point's, as NumPyro and Stan report it
     logdensity             log density after the transition (minus potential energy)
     reward                 reward fed to the tuner (NaN except at round ends)
     round                  1-based index of the GP round of this iteration (0 before the GP phase)
@@ -1083,6 +1093,8 @@ def build_engine(
                 kernel_c = hmc_kernel
             new, info = kernel_c(key_k, hmc.HMCState(position, logdensity, grad), logdensity_of(*data),
                                  eps_c, metric, num)
+            if kernel is None:  # BlackJAX reports the proposal's H; NumPyro and Stan the chain's state's
+                info = info._replace(energy=current_energy(info, position, logdensity, metric))
             return new, info, num
 
         if by_trajectory:  # the same transition, each step's a_l J_l added to the round's sums (whitened

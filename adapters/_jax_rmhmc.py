@@ -76,7 +76,7 @@ class RMHMCInfo(NamedTuple):
     acceptance_rate             Metropolis acceptance probability (0 if a solve failed)
     is_accepted                 whether the proposal was accepted
     is_divergent                energy error above the threshold, or a failed solve
-    energy                      H at the proposal
+    energy                      H of the state after the transition (the proposal's if accepted)
     num_integration_steps       leapfrog steps asked for
     fixed_point_converged       every fixed-point solve of the trajectory converged
     num_fixed_point_iterations  evaluations of the two fixed-point maps (all steps)
@@ -210,7 +210,7 @@ def build_rmhmc_kernel(
         units = 1 + metric_values + 2 * steps_taken
         info = RMHMCInfo(
             acceptance_rate=p_accept, is_accepted=accepted, is_divergent=-delta > divergence_threshold,
-            energy=new_energy, num_integration_steps=num_integration_steps, fixed_point_converged=converged,
+            energy=jnp.where(accepted, new_energy, initial_energy), num_integration_steps=num_integration_steps, fixed_point_converged=converged,
             num_fixed_point_iterations=map_calls, num_gradient_evals=units,
         )
         return new_state, info

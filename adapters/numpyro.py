@@ -51,7 +51,8 @@ class AdaptiveHMCState(NamedTuple):
     i                  iteration index (warm-up while ``i < num_warmup``)
     z                  unconstrained position (the sample field)
     potential_energy   minus the log density at ``z``
-    energy             total energy of the proposal
+    energy             total energy (potential + kinetic) of the state after the transition, as in
+                       NumPyro's ``HMCState``: the proposal's if accepted, else the starting point's
     num_steps          leapfrog steps taken this iteration (gradient evaluations)
     accept_prob        Metropolis acceptance probability
     diverging          whether the transition diverged
@@ -231,6 +232,12 @@ class AdaptiveHMC(MCMCKernel):
         elif init_params is None:
             raise ValueError("With `potential_fn`, pass `init_params` to MCMC.run (an unconstrained position).")
 
+        if not jax.tree.leaves(init_params):
+            raise ValueError(
+                "AdaptiveHMC: the model has no latent sample sites (every sample site is observed), so there is "
+                "nothing to sample or tune. Add an unobserved numpyro.sample site, or use numpyro.infer.Predictive "
+                "to draw from a model without latent variables." if self._model is not None else
+                "AdaptiveHMC: init_params is an empty pytree; give the unconstrained position to start from.")
         positions = init_params if self._vectorized else jax.tree.map(lambda x: jnp.asarray(x)[None], init_params)
         _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
         engine = self._engine(model_args, model_kwargs)

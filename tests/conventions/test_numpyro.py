@@ -1,0 +1,71 @@
+"""ahmc's NumPyro kernel used the way NumPyro users use ``NUTS``: every ``HMCState``-like field keeps
+NumPyro's meaning, so ``arviz.from_numpyro`` and its E-BFMI, energy plot and diagnose work."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import arviz as az
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC, NUTS
+
+from ahmc.adapters.numpyro import AdaptiveHMC
+from tests.reference import bulk_ess
+
+DIM = 5
+SCALES = jnp.linspace(0.5, 3.0, DIM)
+
+
+def gaussian():
+    numpyro.sample("x", dist.Normal(0.0, SCALES))
+
+
+def funnel():
+    log_scale = numpyro.sample("v", dist.Normal(0.0, 3.0))
+    numpyro.sample("x", dist.Normal(0.0, jnp.exp(log_scale / 2)).expand([9]))
+
+
+def run(kernel, model, chain_method="vectorized", seed=0, warmup=500, samples=1000, chains=4):
+    mcmc = MCMC(kernel(model), num_warmup=warmup, num_samples=samples, num_chains=chains,
+                chain_method=chain_method, progress_bar=False)
+    mcmc.run(jax.random.key(seed), extra_fields=("energy", "potential_energy"))
+    return mcmc
+
+
+def ebfmi(mcmc):
+    return np.asarray(az.bfmi(az.from_numpyro(mcmc))["energy"]).reshape(-1)
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+def test_energy_is_the_current_states_hamiltonian(chain_method):
+    """Kinetic energy = energy - potential_energy of the state after each transition: at stationarity
+    the momentum is N(0, M), so its kinetic energy is >= 0 with mean d / 2 (sd sqrt(d / 2))."""
+    mcmc = run(AdaptiveHMC, gaussian, chain_method)
+    fields = mcmc.get_extra_fields(group_by_chain=True)
+    kinetic = np.asarray(fields["energy"] - fields["potential_energy"])
+    assert np.all(np.isfinite(kinetic)) and np.all(kinetic >= 0)
+    mcse = np.sqrt(DIM / 2 / bulk_ess(kinetic[..., None])[0])
+    assert abs(kinetic.mean() - DIM / 2) < 4.5 * mcse
+
+
+def test_ebfmi_matches_nuts_on_a_gaussian():
+    ours, nuts = ebfmi(run(AdaptiveHMC, gaussian)), ebfmi(run(NUTS, gaussian))
+    assert ours.shape == (4,) and np.all(np.isfinite(ours))
+    # E-BFMI of 1000 draws has a standard error of about 0.05 here; both samplers refresh the momentum fully
+    assert abs(ours.mean() - nuts.mean()) < 0.25, (ours, nuts)
+    assert np.all((ours > 0.5) & (ours < 1.5)), ours
+
+
+def test_ebfmi_is_finite_on_a_funnel():
+    values = ebfmi(run(AdaptiveHMC, funnel, warmup=500, samples=500))
+    assert np.all(np.isfinite(values)) and np.all((values > 0) & (values < 1.5)), values
+
+
+def test_no_latent_sites_is_said_in_the_users_terms():
+    def observed_only():
+        numpyro.sample("y", dist.Normal(0.0, 1.0), obs=0.5)
+
+    with pytest.raises(ValueError, match="no latent sample sites"):
+        run(AdaptiveHMC, observed_only, warmup=10, samples=10)
