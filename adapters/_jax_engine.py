@@ -57,6 +57,8 @@ the mean for ESS of the variance (1.46x / 2.58x on the small regression).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import warnings
 from functools import partial
@@ -77,6 +79,7 @@ from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 from blackjax.mcmc.trajectory import hmc_energy
 from blackjax.util import generate_gaussian_noise
 
+from ahmc.core.options import check_option_names, whole_number_pair
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
                        WARMUP_MAX_STEPS, RoundStats, TunerState, check_min_steps_fraction, get_objective, gp_ucb,
                        min_num_steps, needs_center, prefers_dense, round_init, round_update, search_space,
@@ -427,7 +430,7 @@ def _pair(name, value, *, integer):
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a pair (lower, upper); got {value!r}.") from None
     if integer:
-        return int(lo), int(hi)
+        return whole_number_pair(name, value)
     return float(lo), float(hi)
 
 
@@ -441,6 +444,19 @@ def _check_user_num_steps(num_steps_bounds, super_transitions) -> tuple[int, int
     return l_box
 
 
+def _check_names(build):
+    """Unknown option names fail before anything is traced, with the nearest valid name."""
+
+    @functools.wraps(build)
+    def checked(logdensity_fn, **options):
+        valid = set(inspect.signature(build).parameters) - {"logdensity_fn"}
+        check_option_names(options, valid, "ahmc")
+        return build(logdensity_fn, **options)
+
+    return checked
+
+
+@_check_names
 def build_engine(
     logdensity_fn: Callable,
     *,

@@ -45,6 +45,7 @@ eigen-decomposition), so compare such runs by time as well.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -58,6 +59,7 @@ import blackjax.mcmc.integrators as integrators
 from blackjax.mcmc.integrators import solve_fixed_point_iteration
 from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 
+from ahmc.core.options import check_option_names
 from ahmc.core import RMHMC_NUM_STEPS_CAP
 
 from ._jax_engine import build_engine
@@ -321,6 +323,9 @@ def build_rmhmc_engine(
     unwhitened, as the paper measures it.  The chains' transitions run one after another
     (``sequential_chains=True``) with SoftAbs, ``vmap``-ed with any other metric.  ``options``: every other knob of ``build_engine``.
     """
+    own = {"metric", "softabs_alpha", "fixed_point_tolerance", "max_fixed_point_iterations", "num_warmup"}
+    check_option_names(options, (set(inspect.signature(build_engine).parameters) | own) - {"logdensity_fn"},
+                       "ahmc (RMHMC)")
     validate_rmhmc_options(options)
     if not isinstance(metric, ConstantMetric):  # each step costs a metric evaluation: the former cap
         options.setdefault("num_steps_cap", RMHMC_NUM_STEPS_CAP)
@@ -341,6 +346,25 @@ def build_rmhmc_engine(
 
     def init(positions, rng_key=None):
         check_initial_metric(metric, positions)
+        warn_if_single_precision(positions, metric)
         return base_init(positions, rng_key)
 
     return engine._replace(init=init)
+
+
+FLOAT32_MESSAGE = (
+    "ahmc: RMHMC is running in float32 (JAX's default). Its implicit leapfrog solves and the metric's "
+    "derivatives lose accuracy there, and the draws can be wrong (R-hat 1.1-1.3 on a 10-d funnel with "
+    "metric='diagonal_fisher'). Enable float64 first: jax.config.update('jax_enable_x64', True), or "
+    "numpyro.enable_x64() for NumPyro.")
+
+
+def warn_if_single_precision(positions, metric) -> None:
+    """Warn once per run when a position-dependent metric runs in float32."""
+    if isinstance(metric, ConstantMetric):
+        return
+    leaves = jax.tree.leaves(positions)
+    if leaves and all(jnp.result_type(x) == jnp.float32 for x in leaves):
+        import warnings
+
+        warnings.warn(FLOAT32_MESSAGE, UserWarning, stacklevel=3)

@@ -53,7 +53,7 @@ from pymc.blocking import RaveledVars  # noqa: E402
 from pymc.model import modelcontext  # noqa: E402
 from pymc.pytensorf import compile as compile_pytensor  # noqa: E402
 from pymc.pytensorf import join_nonshared_inputs, rewrite_pregrad  # noqa: E402
-from pymc.stats.convergence import SamplerWarning  # noqa: E402
+from pymc.stats.convergence import SamplerWarning, WarningType  # noqa: E402
 from pymc.step_methods.arraystep import PopulationArrayStepShared  # noqa: E402
 from pymc.step_methods.compound import Competence  # noqa: E402
 from pymc.step_methods.hmc import integration  # noqa: E402
@@ -76,6 +76,7 @@ from pymc.vartypes import discrete_types  # noqa: E402
 from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
+from ahmc.core.options import check_option_names, whole_number_pair  # noqa: E402
 from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
                        RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, adapt_probability, check_min_steps_fraction,
                        get_objective, gp_ucb, min_num_steps, needs_center, prefers_dense, round_arrays, round_init,
@@ -239,6 +240,10 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
 # stops well before its momentum overflows (a jump to overflow within one step ends it too, as NaN).
 _BLOWN_UP_SPAN = 1e50
 
+# A chain accepting fewer than this share of its proposals over the last STUCK_WINDOW tune iterations is
+# reported as stuck (the JAX engine's threshold).
+STUCK_ACCEPTANCE, STUCK_WINDOW = 0.05, 100
+
 
 class _LeapfrogReusingStart(integration.CpuLeapfrogIntegrator):
     """PyMC's leapfrog integrator, but the log density and gradient at a trajectory's start are
@@ -267,6 +272,20 @@ class _LeapfrogReusingStart(integration.CpuLeapfrogIntegrator):
             return super().compute_state(q, p)
         v = self._potential.velocity(p, out=None)  # as in PyMC's compute_state, without the model call
         return State(q, p, v, end.q_grad, self._potential.energy(p, velocity=v) - end.model_logp, end.model_logp, 0)
+
+
+def _check_step_options(cls, kwargs) -> None:
+    """Unknown keyword arguments fail now, with the nearest valid name, instead of deep in PyTensor's compile
+    (where ``BaseHMC`` sends every name it does not know)."""
+    import inspect
+
+    valid = set()
+    for owner in (*cls.__mro__, pytensor.function):
+        init = owner if owner is pytensor.function else owner.__dict__.get("__init__")
+        if init is not None and callable(init):
+            valid |= {name for name, p in inspect.signature(init).parameters.items()
+                      if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
+    check_option_names(kwargs, valid, cls.__name__)
 
 
 def _samples_every_variable(step) -> bool:
@@ -397,6 +416,7 @@ class AdaptiveHMC(BaseHMC):
                  num_steps_cap=NUM_STEPS_CAP, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
                  lengthscale=0.2, noise_variance=PYMC_HMC_DEFAULTS["noise_variance"], alpha=4.0, delta=0.1,
                  min_steps_fraction=0.0, dense_mass=False, pooled=False, model=None, **kwargs):
+        _check_step_options(type(self), kwargs)
         if not isinstance(pooled, (bool, np.bool_)):
             raise ValueError(f"pooled must be True or False; got {pooled!r}.")
         if pooled and not isinstance(self, _PooledChains):
@@ -410,7 +430,7 @@ class AdaptiveHMC(BaseHMC):
         if step_size_bounds is not None:
             search_space(step_size_bounds, (1, 1))
         if num_steps_bounds is not None:
-            search_space((1.0, 1.0), num_steps_bounds)
+            search_space((1.0, 1.0), whole_number_pair("num_steps_bounds", num_steps_bounds))
         self._tuner_options = dict(capacity=capacity, lengthscale=lengthscale, noise_variance=noise_variance,
                                    alpha=alpha, delta=delta, schedule=schedule, decay=decay)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
@@ -488,6 +508,7 @@ class AdaptiveHMC(BaseHMC):
         self._num_tune_rounds = rounds
         self._num_warmup = int(tune) - rounds * self._round_length
         self._chain_iteration = 0
+        self._tune_length, self._late_tune_accept = int(tune), []
         self._tuner_state = self._round_stats = self._search_box = self._step_jumps = None
         self._step_values, self._collect_steps, self._frozen = None, False, False
 
@@ -570,8 +591,26 @@ class AdaptiveHMC(BaseHMC):
         stats.update(self._record_round(q0.data, q.data, stats) if in_rounds else _WARMUP_STATS)
         if self._round_reward is not None:  # the round ended: score its arm
             self._end_round(self._round_reward, stats)
+        self._check_tune_end(stats)
         self._chain_iteration += 1
         return q, [stats]
+
+    def _check_tune_end(self, stats):
+        """Report, as PyMC's own warning stat, a chain that ends tune without moving (its draws would not be
+        the posterior's): PyMC logs it when sampling ends, from worker processes too."""
+        window = min(STUCK_WINDOW, self._tune_length)
+        if self._chain_iteration >= self._tune_length - window and self._chain_iteration < self._tune_length:
+            self._late_tune_accept.append(float(stats["accepted"]))
+        if self._chain_iteration != self._tune_length - 1 or not self._late_tune_accept:
+            return
+        acceptance = float(np.mean(self._late_tune_accept))
+        if acceptance < STUCK_ACCEPTANCE:
+            stats["warning"] = SamplerWarning(
+                WarningType.BAD_ACCEPTANCE,
+                f"AdaptiveHMC: this chain accepted {acceptance:.1%} of its proposals over the last {window} tune "
+                "iterations: it is stuck, and its draws do not represent the posterior. Start it elsewhere "
+                "(initvals), give more tune, or check the model for a region where the log density is not finite.",
+                "error", self.iter_count)
 
     def _record_round(self, previous, position, stats):
         scale = getattr(self.potential, "_stds", None)
@@ -679,7 +718,10 @@ class AdaptiveHMC(BaseHMC):
             if not np.isfinite(energy_change) or energy_high - energy_low > _BLOWN_UP_SPAN:
                 div_info = DivergenceInfo("Divergence encountered, bad energy.", None, last, state)
                 energy_change = np.inf
-            elif abs(energy_change) > self.Emax:
+            # One-sided, as in PyMC's NUTS, Stan and BlackJAX: a large energy *drop* is a trajectory falling
+            # toward the mode from a far start, accepted with probability 1; counting it as a divergence
+            # (PyMC's HamiltonianMC does) kept such chains at their start for the whole run.
+            elif energy_change > self.Emax:
                 message = f"Divergence encountered, energy change larger than {self.Emax}."
                 div_info = DivergenceInfo(message, None, last, state)
         accept = 1.0 if energy_change <= 0 else float(np.exp(-energy_change))
@@ -688,7 +730,7 @@ class AdaptiveHMC(BaseHMC):
 
     def _trajectory_values(self, start, trajectory, n_steps):
         """Per leapfrog step ``l``: acceptance probability had the trajectory stopped there times the
-        whitened squared jump from the start (0 where the energy error is not finite or above ``Emax``,
+        whitened squared jump from the start (0 where the energy error is not finite or above ``+Emax``,
         and for the steps after a blown-up one).  A few NumPy calls per trajectory, Python floats per step."""
         values = [0.0] * n_steps
         if not trajectory:
@@ -705,7 +747,7 @@ class AdaptiveHMC(BaseHMC):
         start_energy, limit = float(start.energy), self.Emax
         for steps, (state, jump) in enumerate(zip(trajectory, squared)):
             error = float(state.energy) - start_energy
-            if math.isfinite(error) and abs(error) <= limit:
+            if math.isfinite(error) and error <= limit:
                 values[steps] = jump if error <= 0 else math.exp(-error) * jump
         return values
 
@@ -795,6 +837,15 @@ class _PooledChains:
     def __init__(self, *args, **kwargs):
         self._pool = _ChainPool()
         super().__init__(*args, **kwargs)
+        if not _samples_every_variable(self):
+            # PyMC steps a population step's chains from shallow copies of every step of the compound, so a
+            # partner step (Metropolis, ...) would share its tuning state between the chains and stop moving.
+            others = sorted(v.name for v in getattr(self._logp_dlogp_func, "_extra_vars", []))
+            raise ValueError(
+                f"AdaptiveHMC(pooled=True) must sample every free variable of the model, but its log density "
+                f"also reads {others}, which another step would sample. PyMC would then share that step's tuning "
+                f"between the chains, and it stops moving. In a compound step use AdaptiveHMC(pooled=False) (the "
+                f"default), or give AdaptiveHMC(pooled=True) every variable.")
         adapt = self.step_adapt
         shared_adapt = _SharedDualAverage(float(adapt._initial_step), adapt._target, adapt._gamma, adapt._k,
                                           adapt._t0)

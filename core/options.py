@@ -1,0 +1,34 @@
+"""Option names checked before anything compiles: an unknown name fails with the nearest valid one."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def check_option_names(given: Iterable[str], valid: Iterable[str], owner: str) -> None:
+    """Raise ``ValueError`` for the first name in ``given`` that is not in ``valid``, suggesting the nearest.
+
+    ``owner`` names what took the options (``"AdaptiveHMC"``, ``"run_chains"``) in the message.
+    """
+    valid = sorted(set(valid))
+    for name in given:
+        if name in valid:
+            continue
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else f". Valid options: {', '.join(valid)}."
+        raise ValueError(f"{owner}: unknown option {name!r}{hint}")
+
+
+def whole_number_pair(name: str, value) -> tuple[int, int]:
+    """``(lower, upper)`` of whole numbers (``3.0`` passes, ``2.9`` and ``True`` do not), or a ValueError naming ``name``."""
+    import math
+
+    try:
+        lo, hi = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair (lower, upper); got {value!r}.") from None
+    for v in (lo, hi):
+        if isinstance(v, bool) or not hasattr(v, "__float__") or not math.isfinite(float(v)) or int(v) != v:
+            raise ValueError(f"{name} must be a pair of whole numbers of leapfrog steps, e.g. (1, 10); got {value!r}.")
+    return int(lo), int(hi)
