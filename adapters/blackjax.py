@@ -335,7 +335,8 @@ def check_chain_batch(logdensity_fn, positions, name: str, num_chains: int | Non
     A single chain's ``(d,)`` position has the shape of ``d`` chains of a scalar; reading it so samples
     the wrong target in silence.  When every leaf is one-dimensional and ``logdensity_fn`` also accepts
     the whole of ``positions`` as one position (returns a scalar), the reading is ambiguous and this
-    raises with both fixes."""
+    raises with both fixes (for a bare array only: a pytree of ``(n,)`` leaves is ``n`` chains of scalar
+    sites, as NumPyro's ``initialize_model`` gives them)."""
     leaves = jax.tree.leaves(positions)
     if not leaves:
         raise ValueError(f"{name}: positions is an empty pytree; give each chain's starting position, "
@@ -355,7 +356,11 @@ def check_chain_batch(logdensity_fn, positions, name: str, num_chains: int | Non
     if num_chains is not None and size != num_chains:
         raise ValueError(f"{name} was built for num_chains={num_chains}, but positions has a leading axis of size "
                          f"{size}: stack {num_chains} positions, or build it with num_chains={size}.")
-    if all(len(shape) == 1 for shape in shapes) and _accepts_as_one_position(logdensity_fn, positions):
+    # The mistake to catch is BlackJAX's one-chain habit, a bare (d,) array. A pytree of (n,) leaves is what
+    # NumPyro's initialize_model gives for n chains of scalar sites, and a potential that sums accepts it whole
+    # too, so only a bare array is tested.
+    bare = len(leaves) == 1 and leaves[0] is positions
+    if bare and len(shapes[0]) == 1 and _accepts_as_one_position(logdensity_fn, positions):
         raise ValueError(
             f"{name}: positions with leaf shapes {shapes} read as {size} chains of a scalar, but logdensity_fn also "
             f"takes them as ONE position of {sum(s[0] for s in shapes)} coordinates. For one chain, add the chain "

@@ -13,6 +13,7 @@ from pymc.exceptions import SamplingError  # noqa: E402
 
 from ahmc.adapters.pymc import STATS, AdaptiveHMC  # noqa: E402
 from ahmc.core import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
+from tests.conventions.pymc_models import posteriordb_model  # noqa: E402
 from tests.reference import _mean_and_mcse, assert_moments_match, assert_reference_match, load_reference  # noqa: E402
 
 SCALES = np.array([1.0, 10.0, 0.1, 5.0, 2.0, 0.5])
@@ -25,30 +26,9 @@ def gaussian_model():
 
 
 def reference_model(name):
-    """PyMC versions of the posteriordb Stan programs (same priors and constraints)."""
-    data = load_reference(name)["data"]
-    with pm.Model() as model:
-        if name == "eight_schools-eight_schools_noncentered":
-            theta_trans = pm.Normal("theta_trans", 0, 1, shape=data["J"])
-            mu = pm.Normal("mu", 0, 5)
-            tau = pm.HalfCauchy("tau", 5)
-            pm.Deterministic("theta", theta_trans * tau + mu)
-            pm.Normal("y", theta_trans * tau + mu, data["sigma"], observed=data["y"])
-        elif name == "kidiq-kidscore_momiq":
-            beta = pm.Flat("beta", shape=2)
-            sigma = pm.HalfCauchy("sigma", 2.5)
-            pm.Normal("kid_score", beta[0] + beta[1] * data["mom_iq"], sigma, observed=data["kid_score"])
-        elif name == "sblrc-blr":
-            beta = pm.Normal("beta", 0, 10, shape=data["D"])
-            sigma = pm.HalfNormal("sigma", 10)
-            pm.Normal("y", pm.math.dot(np.asarray(data["X"], dtype=float), beta), sigma, observed=data["y"])
-        elif name == "low_dim_gauss_mix-low_dim_gauss_mix":
-            mu = pm.Normal("mu", 0, 2, shape=2, transform=pm.distributions.transforms.ordered,
-                           initval=np.array([-1.0, 1.0]))
-            sigma = pm.HalfNormal("sigma", 2, shape=2)
-            theta = pm.Beta("theta", 5, 5)
-            pm.NormalMixture("y", w=pm.math.stack([theta, 1 - theta]), mu=mu, sigma=sigma, observed=data["y"])
-    return model
+    """PyMC versions of the posteriordb Stan programs (tests/conventions/pymc_models.py, which also checks
+    every one of them against its reference)."""
+    return posteriordb_model(name)
 
 
 def sample(model, *, step_kwargs=None, **kwargs):
@@ -187,18 +167,6 @@ def test_dense_mass_with_more_dimensions_than_the_first_window_has_draws():
         pm.Normal("x", 0.0, scales, shape=40)
     idata = sample(model, random_seed=19, step_kwargs=dict(dense_mass=True), **CORRECTNESS)
     assert_moments_match(idata.posterior["x"].values, np.zeros(40), scales)
-
-
-@pytest.mark.parametrize("name", [
-    "eight_schools-eight_schools_noncentered",
-    "kidiq-kidscore_momiq",
-    "sblrc-blr",
-    "low_dim_gauss_mix-low_dim_gauss_mix",
-])
-def test_posteriordb_reference(name):
-    ref = load_reference(name)
-    idata = sample(reference_model(name), random_seed=3, **CORRECTNESS)
-    assert_reference_match({v: idata.posterior[v].values for v in ref["dimensions"]}, name)
 
 
 @pytest.mark.slow

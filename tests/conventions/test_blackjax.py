@@ -63,14 +63,14 @@ def test_pytree_position_one_chain():
     def logdensity(p):
         return -0.5 * (jnp.sum(p["a"] ** 2) + p["b"] ** 2 / 4.0)
 
-    sampler = adaptive_hmc(logdensity, num_warmup=300)
+    sampler = adaptive_hmc(logdensity, num_warmup=200)
     position = {"a": jnp.zeros(3), "b": jnp.asarray(0.5)}
     state = sampler.init(position, jax.random.key(0))
     assert state.position["a"].shape == (3,) and state.position["b"].shape == ()
     positions = jax.tree.map(lambda x: jnp.stack([x + 0.1 * i for i in range(NUM_CHAINS)]), position)
-    states, (draws, _) = vmapped_run(sampler, positions, jax.random.key(3), 1300)
-    a = np.swapaxes(np.asarray(draws["a"])[300:], 0, 1)
-    b = np.swapaxes(np.asarray(draws["b"])[300:], 0, 1)
+    states, (draws, _) = vmapped_run(sampler, positions, jax.random.key(3), 1000)
+    a = np.swapaxes(np.asarray(draws["a"])[200:], 0, 1)
+    b = np.swapaxes(np.asarray(draws["b"])[200:], 0, 1)
     assert_moments_match(np.concatenate([a, b[..., None]], axis=-1), np.zeros(4), [1, 1, 1, 2],
                          min_ess=100, max_rhat=1.05)
 

@@ -27,7 +27,7 @@ def funnel():
     numpyro.sample("x", dist.Normal(0.0, jnp.exp(log_scale / 2)).expand([9]))
 
 
-def run(kernel, model, chain_method="vectorized", seed=0, warmup=500, samples=1000, chains=4):
+def run(kernel, model, chain_method="vectorized", seed=0, warmup=400, samples=800, chains=4):
     mcmc = MCMC(kernel(model), num_warmup=warmup, num_samples=samples, num_chains=chains,
                 chain_method=chain_method, progress_bar=False)
     mcmc.run(jax.random.key(seed), extra_fields=("energy", "potential_energy"))

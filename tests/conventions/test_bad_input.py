@@ -1,0 +1,102 @@
+"""The bad-input battery: each bad input gets a ValueError whose message names the argument and the fix,
+before anything compiles, in every adapter."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import numpyro  # noqa: E402
+import numpyro.distributions as dist  # noqa: E402
+import pymc as pm  # noqa: E402
+
+from ahmc.adapters import blackjax as ahmc_blackjax  # noqa: E402
+from ahmc.adapters import numpyro as ahmc_numpyro  # noqa: E402
+from ahmc.adapters import pymc as ahmc_pymc  # noqa: E402
+
+
+def logdensity(x):
+    return -0.5 * jnp.sum(x**2)
+
+
+def numpyro_model():
+    numpyro.sample("x", dist.Normal(0.0, 1.0).expand([2]))
+
+
+def pymc_step(cls):
+    def build(**options):
+        with pm.Model():
+            pm.Normal("x", 0, 1, shape=2)
+            return cls(**options)
+
+    return build
+
+
+ADAPTERS = {
+    "blackjax.adaptive_hmc": lambda **o: ahmc_blackjax.adaptive_hmc(logdensity, **o),
+    "blackjax.pooled_adaptive_rmhmc": lambda **o: ahmc_blackjax.pooled_adaptive_rmhmc(logdensity, 2, **o),
+    "blackjax.gpucb_adaptation": lambda **o: ahmc_blackjax.gpucb_adaptation(logdensity, **o).run(
+        jax.random.key(0), jnp.zeros((2, 2)), 10),
+    "numpyro.AdaptiveHMC": lambda **o: ahmc_numpyro.AdaptiveHMC(numpyro_model, **o),
+    "numpyro.AdaptiveRMHMC": lambda **o: ahmc_numpyro.AdaptiveRMHMC(numpyro_model, **o),
+    "pymc.AdaptiveHMC": pymc_step(ahmc_pymc.AdaptiveHMC),
+    "pymc.AdaptiveRMHMC": pymc_step(ahmc_pymc.AdaptiveRMHMC),
+}
+
+BAD = [
+    ({"step_size_bound": (0.1, 1.0)}, r"unknown option 'step_size_bound'; did you mean 'step_size_bounds'\?"),
+    ({"num_step_bounds": (1, 10)}, r"unknown option 'num_step_bounds'; did you mean 'num_steps_bounds'\?"),
+    ({"step_size_bounds": (0.1, 1.0), "num_steps_bounds": (1.5, 10.5)},
+     r"num_steps_bounds must be a pair of whole numbers.*\(1\.5, 10\.5\)"),
+    ({"step_size_bounds": (0.1, 1.0), "num_steps_bounds": (2.9, 6.2)},
+     r"num_steps_bounds must be a pair of whole numbers.*\(2\.9, 6\.2\)"),
+    ({"step_size_bounds": (0.1, 1.0), "num_steps_bounds": (0.5, 10)},
+     r"num_steps_bounds must be a pair of whole numbers.*\(0\.5, 10\)"),
+]
+
+
+@pytest.mark.parametrize(("options", "match"), BAD, ids=lambda v: str(v)[:40] if isinstance(v, dict) else "")
+@pytest.mark.parametrize("adapter", list(ADAPTERS))
+def test_bad_option_gets_a_clear_error(adapter, options, match):
+    with pytest.raises(ValueError, match=match):
+        ADAPTERS[adapter](**options)
+
+
+def test_pymc_typo_fails_before_compiling(monkeypatch):
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled before checking the options")
+
+    monkeypatch.setattr(ahmc_pymc, "compile_pytensor", no_compile)
+    with pytest.raises(ValueError, match="did you mean 'step_size_bounds'"):
+        pymc_step(ahmc_pymc.AdaptiveHMC)(step_size_bound=(0.1, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("positions", "match"),
+    [
+        (jnp.zeros((2, 0)), "no coordinates"),
+        (jnp.zeros((0, 2)), "0 chains"),
+        (jnp.zeros(5), r"read as 5 chains of a scalar"),
+        ({}, "empty pytree"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["run_chains", "run_rmhmc_chains"])
+def test_bad_blackjax_positions(entry, positions, match):
+    with pytest.raises(ValueError, match=match):
+        getattr(ahmc_blackjax, entry)(jax.random.key(0), logdensity, positions, 10, 10)
+
+
+def test_rmhmc_in_float32_warns():
+    assert not jax.config.jax_enable_x64
+    with pytest.warns(UserWarning, match="RMHMC is running in float32.*jax_enable_x64"):
+        ahmc_blackjax.pooled_adaptive_rmhmc(logdensity, 2, num_warmup=10).init(jnp.zeros((2, 2), jnp.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from ahmc.adapters.blackjax import constant_metric
+
+        ahmc_blackjax.pooled_adaptive_rmhmc(logdensity, 2, num_warmup=10, metric=constant_metric(np.eye(2))).init(
+            jnp.zeros((2, 2), jnp.float32))

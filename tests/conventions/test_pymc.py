@@ -1,0 +1,194 @@
+"""ahmc's PyMC routes used the way PyMC users and PyMC's own step-method tests use a sampler:
+``pm.sample(step=...)`` with PyMC's defaults, compound steps, ``cores``, far starts, and the posteriordb
+models, each checked against the truth within Monte Carlo error."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import pytest
+from scipy.special import gammaln
+
+pm = pytest.importorskip("pymc")
+
+from ahmc.adapters.pymc import AdaptiveHMC  # noqa: E402
+from tests.conventions.pymc_models import BUILDERS, posteriordb_model  # noqa: E402
+from tests.reference import _mean_and_mcse, assert_reference_match, bulk_ess, load_reference  # noqa: E402
+
+QUIET = dict(progressbar=False, compute_convergence_checks=False)
+
+
+def far_start_regression(seed):
+    """The issue's regression: flat priors, 400 rows, coefficients ~100 away from the start at 0."""
+    rng = np.random.default_rng(seed)
+    x1, x2 = rng.normal(size=400), rng.normal(size=400)
+    X = np.column_stack([np.ones(400), x1, x2, x1 * x2])
+    y = X @ np.array([90.0, 3.0, 15.0, -10.0]) + rng.normal(0, 18, 400)
+    with pm.Model() as model:
+        beta = pm.Flat("beta", shape=4)
+        sigma = pm.HalfFlat("sigma")
+        pm.Normal("y", X @ beta, sigma, observed=y)
+    # Flat priors: the posterior mean of beta is the least-squares fit, exactly.
+    return model, np.linalg.lstsq(X, y, rcond=None)[0]
+
+
+def assert_means(draws, truth, max_abs_z=4.5):
+    mean, mcse, ess = _mean_and_mcse(np.asarray(draws))
+    z = (mean - truth) / mcse
+    assert np.all(ess > 100) and np.all(np.abs(z) < max_abs_z), (mean, truth, z, ess)
+
+
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
+def test_step_recovers_from_a_far_start(seed):
+    model, truth = far_start_regression(seed)
+    with model:
+        idata = pm.sample(step=AdaptiveHMC(), tune=1000, draws=1000, chains=2, cores=2, random_seed=seed, **QUIET)
+    assert_means(idata.posterior["beta"].values, truth)
+    assert idata.sample_stats["diverging"].values.mean() < 0.05
+
+
+def test_compiled_route_recovers_from_a_far_start():
+    from ahmc.adapters.pymc_jax import sample_numpyro_ahmc
+
+    model, truth = far_start_regression(1)
+    with model:
+        idata = sample_numpyro_ahmc(1000, tune=1000, chains=2, random_seed=1, progressbar=False,
+                                    compute_convergence_checks=False)
+    assert_means(idata.posterior["beta"].values, truth)
+
+
+def test_a_stuck_chain_is_reported(caplog):
+    """A box of step sizes far beyond stability: every proposal is rejected, and PyMC logs our warning."""
+    with pm.Model():
+        pm.Normal("x", 0, 1, shape=2)
+        with caplog.at_level(logging.WARNING, logger="pymc"):
+            pm.sample(step=AdaptiveHMC(step_size_bounds=(50.0, 100.0), num_steps_bounds=(1, 3)), tune=200, draws=20,
+                      chains=1, cores=1, random_seed=0, **QUIET)
+    assert "it is stuck, and its draws do not represent the posterior" in caplog.text
+
+
+def test_pymc_step_method_tester_setting():
+    """PyMC's StepMethodTester: an MvNormal, 1000 tune + 1000 draws, means and sds within sd / 10."""
+    mu = np.array([-0.1, 0.5, 1.1])
+    factor = np.array([[2.0, 0, 0], [0.05, 0.1, 0], [1.0, -0.05, 5.5]])
+    cov = np.linalg.inv(factor @ factor.T)
+    sd = np.sqrt(np.diag(cov))
+    with pm.Model():
+        pm.MvNormal("x", mu=mu, cov=cov, shape=3)
+        # pm.sample's default of four chains (1000 + 1000 each): sd / 10 is then about 6 Monte Carlo errors
+        idata = pm.sample(step=AdaptiveHMC(), tune=1000, draws=1000, chains=4, cores=2, random_seed=1, **QUIET)
+    x = idata.posterior["x"].values.reshape(-1, 3)
+    assert np.all(np.abs(x.mean(axis=0) - mu) < sd / 10), (x.mean(axis=0), mu, sd)
+    assert np.all(np.abs(x.std(axis=0) - sd) < sd / 10), (x.std(axis=0), sd)
+
+
+# ---- compound steps -------------------------------------------------------------------------------------
+
+EARLY, LATE, SWITCH, YEARS = 3.0, 1.0, 40, 111
+
+
+def coal_mining():
+    rng = np.random.default_rng(7)
+    years = np.arange(YEARS)
+    disasters = rng.poisson(np.where(years <= SWITCH, EARLY, LATE))
+    with pm.Model() as model:
+        switchpoint = pm.DiscreteUniform("switchpoint", 0, YEARS - 1)
+        early = pm.Exponential("early_rate", 1.0)
+        late = pm.Exponential("late_rate", 1.0)
+        pm.Poisson("disasters", pm.math.switch(switchpoint >= years, early, late), observed=disasters)
+    return model, disasters
+
+
+def coal_mining_truth(disasters):
+    """Exact posterior means: the rates integrate out (Gamma-Poisson), leaving a sum over switchpoints."""
+    s = np.arange(YEARS)
+    before = np.cumsum(disasters)
+    n1, s1 = s + 1, before
+    n2, s2 = YEARS - n1, before[-1] - before
+    log_p = gammaln(s1 + 1) - (s1 + 1) * np.log(n1 + 1) + gammaln(s2 + 1) - (s2 + 1) * np.log(n2 + 1)
+    p = np.exp(log_p - log_p.max())
+    p /= p.sum()
+    return np.array([p @ s, p @ ((s1 + 1) / (n1 + 1)), p @ ((s2 + 1) / (n2 + 1))])
+
+
+def test_compound_step_with_metropolis():
+    model, disasters = coal_mining()
+    with model:
+        step = [AdaptiveHMC(vars=[model["early_rate"], model["late_rate"]]), pm.Metropolis(vars=[model["switchpoint"]])]
+        idata = pm.sample(step=step, tune=1000, draws=2000, chains=2, cores=2, random_seed=3, **QUIET)
+    post = idata.posterior
+    assert post["switchpoint"].values.std(axis=1).min() > 0  # the partner moves in every chain
+    draws = np.stack([post[v].values.astype(float) for v in ("switchpoint", "early_rate", "late_rate")], axis=-1)
+    assert_means(draws, coal_mining_truth(disasters))
+
+
+def test_pooled_step_in_a_compound_step_is_refused():
+    model, _ = coal_mining()
+    with model, pytest.raises(ValueError, match=r"pooled=True\) must sample every free variable.*\['switchpoint'\]"):
+        AdaptiveHMC(vars=[model["early_rate"], model["late_rate"]], pooled=True)
+
+
+# ---- energy and lp, as PyMC's NUTS reports them ---------------------------------------------------------
+
+def gaussian(dim=5):
+    with pm.Model() as model:
+        pm.Normal("x", 0, np.linspace(0.5, 3.0, dim), shape=dim)
+    return model
+
+
+def assert_energy_is_the_states(stats, dim):
+    kinetic = np.asarray(stats["energy"] + stats["lp"])  # energy = kinetic - lp at the chain's current state
+    assert np.all(np.isfinite(kinetic)) and np.all(kinetic >= -1e-9)
+    mcse = math.sqrt(dim / 2 / bulk_ess(kinetic[..., None])[0])
+    assert abs(kinetic.mean() - dim / 2) < 4.5 * mcse
+
+
+def test_step_energy_and_lp_follow_pymc():
+    with gaussian():
+        idata = pm.sample(step=AdaptiveHMC(), tune=500, draws=1000, chains=2, cores=1, random_seed=2, **QUIET)
+    assert_energy_is_the_states(idata.sample_stats, 5)
+
+
+def test_compiled_route_energy_and_lp_follow_pymc():
+    import arviz as az
+
+    from ahmc.adapters.pymc_jax import sample_numpyro_ahmc
+
+    with gaussian():
+        idata = sample_numpyro_ahmc(600, tune=300, chains=4, random_seed=2, progressbar=False,
+                                    compute_convergence_checks=False)
+    assert_energy_is_the_states(idata.sample_stats, 5)
+    bfmi = np.asarray(az.bfmi(idata)["energy"])
+    assert np.all((bfmi > 0.5) & (bfmi < 1.5)), bfmi
+
+
+# ---- every posteriordb model PyMC can express -----------------------------------------------------------
+
+# By default the step on the four models tests/adapters covered before and the compiled route on one;
+# every other pair runs with -m slow.
+FAST = {("step", "eight_schools-eight_schools_noncentered"), ("step", "kidiq-kidscore_momiq"), ("step", "sblrc-blr"),
+        ("step", "low_dim_gauss_mix-low_dim_gauss_mix"), ("compiled", "arK-arK")}
+
+
+def reference_runs():
+    for route in ("step", "compiled"):
+        for name in BUILDERS:
+            marks = () if (route, name) in FAST else pytest.mark.slow
+            yield pytest.param(route, name, marks=marks, id=f"{route}-{name}")
+
+
+@pytest.mark.parametrize(("route", "name"), list(reference_runs()))
+def test_posteriordb_reference(route, name):
+    ref = load_reference(name)
+    model = posteriordb_model(name)
+    with model:
+        if route == "step":
+            idata = pm.sample(step=AdaptiveHMC(), tune=1000, draws=1000, chains=4, cores=2, random_seed=3, **QUIET)
+        else:
+            from ahmc.adapters.pymc_jax import sample_numpyro_ahmc
+
+            idata = sample_numpyro_ahmc(1000, tune=1000, chains=4, random_seed=3, progressbar=False,
+                                        compute_convergence_checks=False)
+    assert_reference_match({v: idata.posterior[v].values for v in ref["dimensions"]}, name)
