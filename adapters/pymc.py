@@ -243,6 +243,9 @@ _BLOWN_UP_SPAN = 1e50
 # A chain accepting fewer than this share of its proposals over the last STUCK_WINDOW tune iterations is
 # reported as stuck (the JAX engine's threshold).
 STUCK_ACCEPTANCE, STUCK_WINDOW = 0.05, 100
+# Tune's GP rounds whose draws vary this many times more than the mass matrix assumes (in some coordinate)
+# are reported: a well-adapted metric gives a ratio near 1 (within its estimation noise, a factor of 2).
+SCALE_MISMATCH_RATIO = 10.0
 
 
 class _LeapfrogReusingStart(integration.CpuLeapfrogIntegrator):
@@ -508,7 +511,7 @@ class AdaptiveHMC(BaseHMC):
         self._num_tune_rounds = rounds
         self._num_warmup = int(tune) - rounds * self._round_length
         self._chain_iteration = 0
-        self._tune_length, self._late_tune_accept = int(tune), []
+        self._tune_length, self._late_tune_accept, self._tune_round_moments = int(tune), [], None
         self._tuner_state = self._round_stats = self._search_box = self._step_jumps = None
         self._step_values, self._collect_steps, self._frozen = None, False, False
 
@@ -591,13 +594,46 @@ class AdaptiveHMC(BaseHMC):
         stats.update(self._record_round(q0.data, q.data, stats) if in_rounds else _WARMUP_STATS)
         if self._round_reward is not None:  # the round ended: score its arm
             self._end_round(self._round_reward, stats)
+        self._last_position = q.data
         self._check_tune_end(stats)
         self._chain_iteration += 1
         return q, [stats]
 
+    def _metric_variances(self):
+        """The variances the mass matrix in force assumes, per coordinate (None for a metric it does not adapt)."""
+        if isinstance(self.potential, _WarmupFullAdapt):
+            return np.diag(np.asarray(self.potential._cov))
+        if isinstance(self.potential, _WarmupDiagAdapt):
+            return np.asarray(self.potential._var)
+        return None
+
+    def _scale_mismatch_warning(self):
+        """A warning when the draws of tune's GP rounds (metric fixed) spread far more than the mass matrix
+        assumes: the metric phase did not find the posterior's scale (e.g. sds 1e-6 and 1e6 in one model)."""
+        moments, assumed = self._tune_round_moments, self._metric_variances()
+        if moments is None or assumed is None or moments[0] < 20:
+            return None
+        count, total, squares = moments
+        ratio = (squares / count - (total / count) ** 2) / assumed
+        worst = int(np.argmax(ratio))
+        if not ratio[worst] > SCALE_MISMATCH_RATIO:
+            return None
+        return SamplerWarning(
+            WarningType.BAD_PARAMS,
+            f"AdaptiveHMC: at the end of tune this chain's draws vary {ratio[worst]:.3g} times more than its mass "
+            f"matrix assumes (flat coordinate {worst}): the warm-up did not find the posterior's scale, and the draws "
+            "explore it too slowly to be trusted (low ESS). Give more tune, use pooled=True (the chains' pooled "
+            "estimate starts from their spread), or pass scaling= with the posterior variances.",
+            "error", self.iter_count)
+
     def _check_tune_end(self, stats):
-        """Report, as PyMC's own warning stat, a chain that ends tune without moving (its draws would not be
-        the posterior's): PyMC logs it when sampling ends, from worker processes too."""
+        """Report, as PyMC's own warning stat, a chain that ends tune without moving or with a mass matrix that
+        does not fit its draws (its draws would not be the posterior's): PyMC logs it when sampling ends, from
+        worker processes too."""
+        if self._search_box is not None and self._chain_iteration < self._tune_length:
+            q = np.asarray(self._last_position, dtype=float)
+            moments = self._tune_round_moments or (0, np.zeros_like(q), np.zeros_like(q))
+            self._tune_round_moments = (moments[0] + 1, moments[1] + q, moments[2] + q * q)
         window = min(STUCK_WINDOW, self._tune_length)
         if self._chain_iteration >= self._tune_length - window and self._chain_iteration < self._tune_length:
             self._late_tune_accept.append(float(stats["accepted"]))
@@ -611,6 +647,8 @@ class AdaptiveHMC(BaseHMC):
                 "iterations: it is stuck, and its draws do not represent the posterior. Start it elsewhere "
                 "(initvals), give more tune, or check the model for a region where the log density is not finite.",
                 "error", self.iter_count)
+        else:
+            stats["warning"] = self._scale_mismatch_warning() or stats.get("warning")
 
     def _record_round(self, previous, position, stats):
         scale = getattr(self.potential, "_stds", None)

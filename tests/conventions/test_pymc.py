@@ -69,6 +69,17 @@ def test_a_stuck_chain_is_reported(caplog):
     assert "it is stuck, and its draws do not represent the posterior" in caplog.text
 
 
+def test_a_metric_that_missed_the_scale_is_reported(caplog):
+    """sds 1e-6 and 1e6 in one model with a short tune: a chain's metric phase cannot find the wide scale
+    (the pooled step and PyMC's NUTS do); the step says so instead of returning the draws in silence."""
+    with pm.Model():
+        pm.Normal("a", 0, 1e-6)
+        pm.Normal("b", 0, 1e6)
+        with caplog.at_level(logging.WARNING, logger="pymc"):
+            pm.sample(step=AdaptiveHMC(), tune=300, draws=20, chains=1, cores=1, random_seed=1, **QUIET)
+    assert "the warm-up did not find the posterior's scale" in caplog.text
+
+
 def test_pymc_step_method_tester_setting():
     """PyMC's StepMethodTester: an MvNormal, 1000 tune + 1000 draws, means and sds within sd / 10."""
     mu = np.array([-0.1, 0.5, 1.1])
