@@ -1177,7 +1177,7 @@ def build_engine(
             warmup_ends = it == num_warmup - 1
             if num_warmup > 0:
                 jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains),
-                             lambda operand: None, (window, ld, warmup_ends))
+                             lambda operand: None, (window, ld, warmup_ends, jnp.exp(da_state.log_step_size)))
             window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
                                   window_init(num_chains, dtype), window)
             slow_now = in_metric_phase & is_slow[phase_it]
@@ -1567,14 +1567,30 @@ def lost_chains(window: WindowStats, logdensity=None, remaining=None):
 
 def _warn_if_lost(operand, compare_chains=True):
     """End of warm-up: warn (host callback) about chains far below the others, or stuck, over the last window."""
-    window, logdensity, now = operand
+    window, logdensity, now, step_size = operand
     count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
     lost = far_below(window, logdensity) if compare_chains else jnp.zeros(window.logdensity.shape, bool)
-    jax.debug.callback(_warn_host, lost, window.acceptance / count, window.logdensity / count, now)
+    jax.debug.callback(_warn_host, lost, window.acceptance / count, window.logdensity / count, now, step_size)
 
 
-def _warn_host(lost, acceptance, mean_logdensity, now=True):
+#: A warm-up step size (in the mass matrix's units) beyond this, or not finite, means the log density is flat
+#: along some direction at every scale the search tried: an improper posterior.
+FLAT_STEP_SIZE = 1e10
+
+IMPROPER_MESSAGE = (
+    "ahmc: the warm-up's step size grew to {eps:.3g}: the log density is flat along some direction at every "
+    "scale tried, as in an improper posterior (a flat prior that no likelihood term bounds). The draws then keep "
+    "growing without bound, or cannot move once the step overflows, and represent no posterior. Give every "
+    "parameter a proper prior, or check that the data enter the likelihood.")
+
+
+def _warn_host(lost, acceptance, mean_logdensity, now=True, step_size=1.0):
     if not np.all(now):  # a vmapped cond runs this branch at every iteration: only the last one counts
+        return
+    eps = np.asarray(step_size, dtype=float).reshape(-1)
+    if np.any(~np.isfinite(eps) | (eps > FLAT_STEP_SIZE)):
+        warnings.warn(IMPROPER_MESSAGE.format(eps=float(np.nanmax(np.where(np.isfinite(eps), eps, np.inf)))),
+                      UserWarning, stacklevel=2)
         return
     lost, acceptance = np.asarray(lost, bool).reshape(-1), np.asarray(acceptance).reshape(-1)
     mean_logdensity = np.asarray(mean_logdensity).reshape(-1)

@@ -246,6 +246,8 @@ STUCK_ACCEPTANCE, STUCK_WINDOW = 0.05, 100
 # Tune's GP rounds whose draws vary this many times more than the mass matrix assumes (in some coordinate)
 # are reported: a well-adapted metric gives a ratio near 1 (within its estimation noise, a factor of 2).
 SCALE_MISMATCH_RATIO = 10.0
+# A tune step size (in the mass matrix's units) beyond this means a flat, improper posterior (the JAX engine's).
+FLAT_STEP_SIZE = 1e10
 
 
 class _LeapfrogReusingStart(integration.CpuLeapfrogIntegrator):
@@ -640,7 +642,15 @@ class AdaptiveHMC(BaseHMC):
         if self._chain_iteration != self._tune_length - 1 or not self._late_tune_accept:
             return
         acceptance = float(np.mean(self._late_tune_accept))
-        if acceptance < STUCK_ACCEPTANCE:
+        eps = self._eps_star()
+        if not (math.isfinite(eps) and eps <= FLAT_STEP_SIZE):
+            stats["warning"] = SamplerWarning(
+                WarningType.BAD_PARAMS,
+                f"AdaptiveHMC: tune's step size grew to {eps:.3g}: the log density is flat along some direction at "
+                "every scale tried, as in an improper posterior (a flat prior that no likelihood term bounds). The "
+                "draws keep growing without bound and represent no posterior. Give every parameter a proper prior, "
+                "or check that the data enter the likelihood.", "error", self.iter_count)
+        elif acceptance < STUCK_ACCEPTANCE:
             stats["warning"] = SamplerWarning(
                 WarningType.BAD_ACCEPTANCE,
                 f"AdaptiveHMC: this chain accepted {acceptance:.1%} of its proposals over the last {window} tune "

@@ -681,6 +681,21 @@ def single_step_hint(history: TuningHistory) -> str | None:
             f"L bound to 2.")
 
 
+def unrecorded_warmup_note(history: TuningHistory) -> str | None:
+    """What the report cannot see when the warm-up was not recorded (the default of ``pm.sample`` and
+    ``MCMC.run``), and how to keep it; None when every round is there."""
+    rounds = history.rounds
+    firsts = [int(rounds.round[rounds.tuner == t].min()) for t in range(history.num_tuners)
+              if np.any(rounds.tuner == t)]
+    if not firsts or min(firsts) <= 1:
+        return None
+    return (f"the warm-up was not recorded, so rounds 1-{min(firsts) - 1}, where the tuner learns most, are missing: "
+            "the arms and the reward surface below cover the later rounds only. That is no sign of failure. To keep "
+            "it: pm.sample(..., discard_tuned_samples=False) or sample_numpyro_ahmc(..., discard_tuned_samples=False) "
+            "(PyMC); mcmc.warmup(key, ..., collect_warmup=True) before mcmc.run (NumPyro, README \"What did the tuner "
+            "do?\"); run_chains' info holds it already (BlackJAX).")
+
+
 def tuning_warnings(history: TuningHistory) -> list[str]:
     """Signs that tuning failed, each with its fix (empty when none)."""
     out = []
@@ -693,9 +708,6 @@ def tuning_warnings(history: TuningHistory) -> list[str]:
                        "rounds (round_length).")
             continue
         first = int(rounds.round[mine].min())
-        if first > 1:
-            out.append(f"{who}rounds 1-{first - 1} are not in the stats (warm-up draws not saved?): the arms and the "
-                       "surrogate cover the later rounds only. Keep the warm-up stats (see the README).")
         warm_rounds = int(np.sum(mine & rounds.is_warmup & rounds.is_complete))
         if history.warmup_known and first == 1 and warm_rounds < MIN_WARMUP_ROUNDS:
             out.append(f"{who}only {warm_rounds} GP rounds in warm-up: too few to learn the reward surface. "
@@ -797,6 +809,9 @@ def tuning_summary(history: TuningHistory, *, max_arms: int | None = None) -> st
             rest = order[max_arms:]
             lines.append(f"{indent}  ... and {len(rest)} more arms "
                          f"({100 * arms.share[rest].sum():.1f}% of the iterations)")
+    missing = unrecorded_warmup_note(history)
+    if missing:
+        lines.append(f"NOTE: {missing}")
     warnings = tuning_warnings(history)
     if warnings:
         lines.append("WARNING: tuning probably failed:")

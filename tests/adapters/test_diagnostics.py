@@ -29,6 +29,7 @@ from ahmc.core.diagnostics import (  # noqa: E402
     replay,
     tuning_summary,
     tuning_warnings,
+    unrecorded_warmup_note,
 )
 
 from ..core.test_diagnostics import assert_same_tuner, simulate  # noqa: E402
@@ -104,7 +105,8 @@ def test_missing_warmup_group_is_reported(numpyro_run):
     mcmc, _ = numpyro_run
     history = history_from_datatree(arviz_base.from_numpyro(mcmc), config=config_from_numpyro(mcmc))
     assert history.rounds.round[0] > 1 and not history.warmup_known
-    assert any("not in the stats" in w for w in tuning_warnings(history))
+    assert "the warm-up was not recorded" in unrecorded_warmup_note(history)
+    assert "collect_warmup=True" in tuning_summary(history)
 
 
 def test_blackjax_bad_box_replays_exactly_and_warns():

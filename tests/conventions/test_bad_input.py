@@ -100,3 +100,21 @@ def test_rmhmc_in_float32_warns():
 
         ahmc_blackjax.pooled_adaptive_rmhmc(logdensity, 2, num_warmup=10, metric=constant_metric(np.eye(2))).init(
             jnp.zeros((2, 2), jnp.float32))
+
+
+def test_improper_flat_posterior_is_named_in_jax_adapters():
+    """A flat log density: the warm-up's step size grows without bound; the warning says why, not 'stuck'."""
+    with pytest.warns(UserWarning, match="improper posterior") as record:
+        ahmc_blackjax.run_chains(jax.random.key(0), lambda x: 0.0 * jnp.sum(x), jnp.zeros((4, 2)), 300, 10)
+    assert not any("stuck" in str(w.message) for w in record)
+
+
+def test_improper_flat_posterior_is_named_in_the_pymc_step(caplog):
+    import logging
+
+    with pm.Model():
+        pm.Flat("x", shape=2)
+        with caplog.at_level(logging.WARNING, logger="pymc"):
+            pm.sample(step=ahmc_pymc.AdaptiveHMC(), tune=300, draws=10, chains=1, cores=1, random_seed=0,
+                      progressbar=False, compute_convergence_checks=False)
+    assert "improper posterior" in caplog.text and "keep growing" in caplog.text

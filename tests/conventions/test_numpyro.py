@@ -10,6 +10,7 @@ import arviz as az
 import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
+from numpyro.infer.util import potential_energy
 
 from ahmc.adapters.numpyro import AdaptiveHMC
 from tests.reference import bulk_ess
@@ -48,6 +49,11 @@ def test_energy_is_the_current_states_hamiltonian(chain_method):
     assert np.all(np.isfinite(kinetic)) and np.all(kinetic >= 0)
     mcse = np.sqrt(DIM / 2 / bulk_ess(kinetic[..., None])[0])
     assert abs(kinetic.mean() - DIM / 2) < 4.5 * mcse
+    # potential_energy is the model's potential at the returned z (the sample, here on the real line)
+    x = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
+    for chain, draw in [(0, 0), (1, 17), (3, -1)]:
+        expected = potential_energy(gaussian, (), {}, {"x": jnp.asarray(x[chain, draw])})
+        np.testing.assert_allclose(fields["potential_energy"][chain, draw], expected, rtol=1e-5)
 
 
 def test_ebfmi_matches_nuts_on_a_gaussian():
