@@ -1647,7 +1647,7 @@ def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000,
     (default :func:`build_engine`; the RMHMC entry point passes its own).  The public
     entry points are :func:`ahmc.adapters.blackjax.run_chains` and ``run_rmhmc_chains``.
     """
-    engine = (build or build_engine)(logdensity_fn, num_warmup=num_warmup, **options)
+    engine = _engine_for(build or build_engine, logdensity_fn, num_warmup, options)
     init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
     state = engine.init(positions, init_key)
     state, warm_info = _scan(engine.step, warm_key, state, num_warmup, keep_positions=False)
@@ -1655,6 +1655,37 @@ def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000,
     info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
     samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), draws)
     return samples, info, state
+
+
+_ENGINES: dict = {}
+_MAX_ENGINES = 16
+
+
+def _frozen(value):
+    """A hashable stand-in for an option value (TypeError for arrays, whose equality is not a bool)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (np.ndarray, jax.Array)):
+        raise TypeError("arrays are not cached")
+    hash(value)
+    return value
+
+
+def _engine_for(build, logdensity_fn, num_warmup, options):
+    """The engine for these arguments, reused across calls: its step functions are the jitted loops' static
+    arguments, so a second ``run_chains`` with the same log density and options compiles nothing anew.
+    Options holding arrays are built afresh (no cache)."""
+    try:
+        key = (build, logdensity_fn, int(num_warmup), _frozen(options))
+    except TypeError:
+        return build(logdensity_fn, num_warmup=num_warmup, **options)
+    if key not in _ENGINES:
+        if len(_ENGINES) >= _MAX_ENGINES:
+            _ENGINES.pop(next(iter(_ENGINES)))
+        _ENGINES[key] = build(logdensity_fn, num_warmup=num_warmup, **options)
+    return _ENGINES[key]
 
 
 def _scan_draws(engine, rng_key, state, num_samples, first_iteration):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = ["README.md", "BENCHMARKS.md"]
+DOCUMENTS = ["README.md", "BENCHMARKS.md", "docs/decisions.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 # A Python format field left unfilled, alone on its line or inside a table cell.
 PLACEHOLDER = re.compile(r"^\s*\{[a-z_]+\}\s*$|\|\s*\{[a-z_]+\}\s*\|")

@@ -195,6 +195,7 @@ def test_random_seed_reproduces_draws():
     assert not np.array_equal(first.posterior["x"].values, other.posterior["x"].values)
 
 
+@pytest.mark.slow  # tests/conventions/test_pymc.py's coal-mining compound step runs by default
 def test_compound_step_with_discrete_variable():
     """AdaptiveHMC for x beside Metropolis for k samples the exact joint posterior.
 

@@ -113,7 +113,7 @@ def test_batch_entry_points_refuse_one_chains_position(entry):
 
 def test_one_dimensional_targets_keep_working():
     """A 1-d target whose log density is elementwise is not ambiguous: (chains,) positions run."""
-    samples, _ = run_chains(jax.random.key(0), lambda x: -0.5 * x**2, jnp.zeros(NUM_CHAINS) + 0.1, 200, 20)
+    samples, _ = run_chains(jax.random.key(0), lambda x: -0.5 * x**2, jnp.zeros(NUM_CHAINS) + 0.1, 60, 20)
     assert samples.shape == (NUM_CHAINS, 20)
 
 
@@ -129,3 +129,18 @@ def test_one_dimensional_targets_keep_working():
 def test_bad_positions_get_clear_errors(positions, match):
     with pytest.raises(ValueError, match=match):
         run_chains(jax.random.key(0), lambda p: 0.0, positions, 10, 10)
+
+
+def test_run_chains_compiles_once_per_shape():
+    from ahmc.adapters import _jax_engine
+
+    positions = jnp.zeros((NUM_CHAINS, 3)) + 0.1
+    first, _ = run_chains(jax.random.key(0), ill_scaled_3, positions, 60, 20)
+    sizes = (_jax_engine._scan_jit._cache_size(), _jax_engine._scan_draws_jit._cache_size())
+    again, _ = run_chains(jax.random.key(0), ill_scaled_3, positions, 60, 20)
+    assert (_jax_engine._scan_jit._cache_size(), _jax_engine._scan_draws_jit._cache_size()) == sizes
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(again))  # same key, same draws
+
+
+def ill_scaled_3(x):
+    return -0.5 * jnp.sum((x / jnp.asarray([0.1, 1.0, 10.0])) ** 2)

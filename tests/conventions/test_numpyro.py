@@ -39,7 +39,8 @@ def ebfmi(mcmc):
     return np.asarray(az.bfmi(az.from_numpyro(mcmc))["energy"]).reshape(-1)
 
 
-@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+# The sequential form shares every line of the kernel but the chain axis's removal: slow (-m slow).
+@pytest.mark.parametrize("chain_method", ["vectorized", pytest.param("sequential", marks=pytest.mark.slow)])
 def test_energy_is_the_current_states_hamiltonian(chain_method):
     """Kinetic energy = energy - potential_energy of the state after each transition: at stationarity
     the momentum is N(0, M), so its kinetic energy is >= 0 with mean d / 2 (sd sqrt(d / 2))."""
