@@ -35,16 +35,23 @@ def run(kernel, model, chain_method="vectorized", seed=0, warmup=400, samples=80
     return mcmc
 
 
+@pytest.fixture(scope="module")
+def gaussian_run():
+    """One vectorized run shared by the energy and E-BFMI checks (same settings, one compile)."""
+    return run(AdaptiveHMC, gaussian, "vectorized")
+
+
 def ebfmi(mcmc):
     return np.asarray(az.bfmi(az.from_numpyro(mcmc))["energy"]).reshape(-1)
 
 
 # The sequential form shares every line of the kernel but the chain axis's removal: slow (-m slow).
 @pytest.mark.parametrize("chain_method", ["vectorized", pytest.param("sequential", marks=pytest.mark.slow)])
-def test_energy_is_the_current_states_hamiltonian(chain_method):
+def test_energy_is_the_current_states_hamiltonian(chain_method, request):
     """Kinetic energy = energy - potential_energy of the state after each transition: at stationarity
     the momentum is N(0, M), so its kinetic energy is >= 0 with mean d / 2 (sd sqrt(d / 2))."""
-    mcmc = run(AdaptiveHMC, gaussian, chain_method)
+    mcmc = request.getfixturevalue("gaussian_run") if chain_method == "vectorized" else run(
+        AdaptiveHMC, gaussian, chain_method)
     fields = mcmc.get_extra_fields(group_by_chain=True)
     kinetic = np.asarray(fields["energy"] - fields["potential_energy"])
     assert np.all(np.isfinite(kinetic)) and np.all(kinetic >= 0)
@@ -57,8 +64,8 @@ def test_energy_is_the_current_states_hamiltonian(chain_method):
         np.testing.assert_allclose(fields["potential_energy"][chain, draw], expected, rtol=1e-5)
 
 
-def test_ebfmi_matches_nuts_on_a_gaussian():
-    ours, nuts = ebfmi(run(AdaptiveHMC, gaussian)), ebfmi(run(NUTS, gaussian))
+def test_ebfmi_matches_nuts_on_a_gaussian(gaussian_run):
+    ours, nuts = ebfmi(gaussian_run), ebfmi(run(NUTS, gaussian))
     assert ours.shape == (4,) and np.all(np.isfinite(ours))
     # E-BFMI of 1000 draws has a standard error of about 0.05 here; both samplers refresh the momentum fully
     assert abs(ours.mean() - nuts.mean()) < 0.25, (ours, nuts)
