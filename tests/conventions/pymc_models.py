@@ -60,12 +60,15 @@ def garch11(data):
     beta1 = pm.Deterministic("beta1", (1 - alpha1) * unit)
     pm.Potential("beta1_flat", pt.log1p(-alpha1))
 
-    def recursion(y_prev, sigma_prev):
+    def recursion(y_prev, sigma_prev, mu, alpha0, alpha1, beta1):
         return pt.sqrt(alpha0 + alpha1 * (y_prev - mu) ** 2 + beta1 * sigma_prev**2)
 
-    sigmas = pytensor.scan(recursion, sequences=[pt.as_tensor(y[:-1])], outputs_info=[pt.as_tensor(sigma1)],
-                           return_updates=False)
-    sigma = pt.concatenate([pt.as_tensor([sigma1]), sigmas])
+    # The parameters go in as non_sequences (PyMC replaces them by their values only in explicit inputs);
+    # float64 start: a Python float would start the scan in float32.
+    start = pt.as_tensor(np.float64(sigma1))
+    sigmas = pytensor.scan(recursion, sequences=[pt.as_tensor(y[:-1])], outputs_info=[start],
+                           non_sequences=[mu, alpha0, alpha1, beta1], return_updates=False)
+    sigma = pt.concatenate([pt.as_tensor(np.array([sigma1])), sigmas])
     pm.Normal("y", mu, sigma, observed=y)
 
 
