@@ -47,6 +47,7 @@ def test_pymc_compiled_example_summarizes_the_pooled_tuner(jax_x64):
     assert "4 chain(s), one pooled tuner" in summary and "x_sum" not in summary
 
 
+@pytest.mark.slow  # 35-40 s; the funnel's RMHMC is tested in tests/adapters/test_rmhmc_jax.py (default run < 15 min)
 def test_rmhmc_funnel_example_reaches_the_neck(capsys):
     pytest.importorskip("numpyro")
     v = load("rmhmc_funnel").main(num_warmup=200, num_samples=300)

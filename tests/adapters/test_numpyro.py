@@ -43,8 +43,13 @@ def run(kernel, *args, num_chains=4, chain_method="vectorized", seed=0, warmup=3
     return mcmc
 
 
-@pytest.mark.parametrize("name", [  # eight schools: the BlackJAX adapter's test stays; default run under 15 min
-    pytest.param(name, marks=pytest.mark.slow) if name.startswith("eight_schools") else name for name in sorted(MODELS)])
+# eight schools, garch and the GP: slow (the default run stays under 15 min); tests/conventions checks every
+# posteriordb model in PyMC's two routes, the compiled one on this kernel
+SLOW_REFERENCES = ("eight_schools", "garch", "gp_pois_regr")
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.slow) if name.startswith(SLOW_REFERENCES) else name for name in sorted(MODELS)])
 def test_posteriordb_reference_means(name, x64):
     reference = load_reference(name)
     mcmc = run(AdaptiveHMC(MODELS[name](reference["data"])), seed=1, warmup=1000, samples=1000)

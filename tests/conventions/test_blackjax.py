@@ -45,7 +45,7 @@ def vmapped_run(sampler, positions, key, num_steps):
 
 
 def test_one_chain_init_and_vmap_sample_the_target():
-    num_warmup, num_draws = 800, 1500
+    num_warmup, num_draws = 600, 1200
     sampler = adaptive_hmc(ill_scaled, num_warmup=num_warmup)
     positions = MEANS + SCALES * jax.random.normal(jax.random.key(1), (NUM_CHAINS, 10))
     state = sampler.init(positions[0], jax.random.key(0))
