@@ -59,17 +59,24 @@ def test_one_chain_init_and_vmap_sample_the_target():
     assert len(np.unique(arms)) > 1
 
 
-@pytest.mark.slow  # the fast pytree check is test_pytree_position_one_chain_runs
-def test_pytree_position_one_chain():
-    def logdensity(p):
-        return -0.5 * (jnp.sum(p["a"] ** 2) + p["b"] ** 2 / 4.0)
+def pytree_logdensity(p):
+    return -0.5 * (jnp.sum(p["a"] ** 2) + p["b"] ** 2 / 4.0)  # sds 1, 1, 1 and 2
 
-    sampler = adaptive_hmc(logdensity, num_warmup=200)
+
+def pytree_run(num_warmup, num_steps):
+    """One chain's pytree position through init (its shapes kept), then vmapped chains: (draws, info)."""
+    sampler = adaptive_hmc(pytree_logdensity, num_warmup=num_warmup)
     position = {"a": jnp.zeros(3), "b": jnp.asarray(0.5)}
     state = sampler.init(position, jax.random.key(0))
     assert state.position["a"].shape == (3,) and state.position["b"].shape == ()
     positions = jax.tree.map(lambda x: jnp.stack([x + 0.1 * i for i in range(NUM_CHAINS)]), position)
-    states, (draws, _) = vmapped_run(sampler, positions, jax.random.key(3), 1000)
+    _, (draws, info) = vmapped_run(sampler, positions, jax.random.key(3), num_steps)
+    return draws, info
+
+
+@pytest.mark.slow  # the fast pytree check is test_pytree_position_one_chain_runs
+def test_pytree_position_one_chain():
+    draws, _ = pytree_run(200, 1000)
     a = np.swapaxes(np.asarray(draws["a"])[200:], 0, 1)
     b = np.swapaxes(np.asarray(draws["b"])[200:], 0, 1)
     assert_moments_match(np.concatenate([a, b[..., None]], axis=-1), np.zeros(4), [1, 1, 1, 2],
@@ -78,15 +85,7 @@ def test_pytree_position_one_chain():
 
 def test_pytree_position_one_chain_runs():
     """A pytree position through init and the vmapped step keeps its structure, shapes and finiteness."""
-    def logdensity(p):
-        return -0.5 * (jnp.sum(p["a"] ** 2) + p["b"] ** 2 / 4.0)
-
-    sampler = adaptive_hmc(logdensity, num_warmup=30)
-    position = {"a": jnp.zeros(3), "b": jnp.asarray(0.5)}
-    state = sampler.init(position, jax.random.key(0))
-    assert state.position["a"].shape == (3,) and state.position["b"].shape == ()
-    positions = jax.tree.map(lambda x: jnp.stack([x + 0.1 * i for i in range(NUM_CHAINS)]), position)
-    states, (draws, info) = vmapped_run(sampler, positions, jax.random.key(3), 40)
+    draws, info = pytree_run(30, 40)
     assert draws["a"].shape == (40, NUM_CHAINS, 3) and draws["b"].shape == (40, NUM_CHAINS)
     assert np.isfinite(np.asarray(draws["a"])).all() and np.asarray(info.is_accepted).any()
 
