@@ -9,7 +9,7 @@ One engine advances a *batch of chains* (leading chain axis) by one iteration:
 2. the warm-up adapters (BlackJAX's dual averaging and Welford mass-matrix
    estimator, pooled over chains) advance on their Stan-like schedule;
 3. the chains' whitened squared jumps go into the round's running sums
-   (:func:`ahmc.core.round_update`);
+   (:func:`ahmc.core.objectives.round_update`);
 4. at the end of a round -- a predicate on the *shared* iteration counter,
    hence unbatched -- ``jax.lax.cond`` runs the GP-UCB update.  Under a
    ``vmap`` that predicate would turn the cond into a select and the GP would
@@ -80,10 +80,12 @@ from blackjax.mcmc.trajectory import hmc_energy
 from blackjax.util import generate_gaussian_noise
 
 from ahmc.core.options import check_option_names, whole_number_pair
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
-                       WARMUP_MAX_STEPS, RoundStats, TunerState, check_min_steps_fraction, get_objective, gp_ucb,
-                       min_num_steps, needs_center, prefers_dense, round_init, round_update, search_space,
-                       shrink_correlations)
+from ahmc.core.objectives import (DEFAULT_DIVERGENCE_PENALTY, NONFINITE_REWARD_MESSAGE, get_objective,
+                                  needs_center, round_init, round_update)
+from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense, shrink_correlations
+from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS, check_min_steps_fraction, min_num_steps
+from ahmc.core import Config, RoundStats, TunerState, gp_ucb, search_space
+from ahmc.core.config import GPConfig, resolve_options
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
            "sample", "lost_chains", "far_below", "climbing"]
@@ -181,7 +183,7 @@ def inverse_cholesky(matrix):
 
     Computed once per mass-matrix window and carried in the state: whitening is then a matrix
     product, where a triangular solve per iteration cost ~1 ms at d = 256 on XLA's CPU backend
-    (BENCHMARKS.md, "Engine cost per iteration").  ``W^T`` is also the factor that draws momenta
+    (BENCHMARKS.md@036b7d1, "Engine cost per iteration").  ``W^T`` is also the factor that draws momenta
     (:func:`carried_metric`); it is computed with the very operations BlackJAX's
     ``gaussian_euclidean`` uses for that factor, so the momenta are BlackJAX's to the bit."""
     factor = jax.scipy.linalg.cholesky(matrix, lower=True)
@@ -240,7 +242,7 @@ class TrajectoryInfo(NamedTuple):
 # Per-length sums longer than this are kept in this many bins of adjacent lengths.  The sums ride in
 # the leapfrog loop's carry, where XLA's CPU backend rewrites the whole vector at every step: with the
 # box's largest L (1024 by default) that took about half of an iteration on a 10-d Gaussian (16 us
-# against 8 us with 64 entries; BENCHMARKS.md, "The same estimate in the JAX adapters").
+# against 8 us with 64 entries; BENCHMARKS.md@036b7d1, "The same estimate in the JAX adapters").
 MAX_STEP_BINS = 64
 
 
@@ -267,7 +269,7 @@ def trajectory_proposal(whiten: Callable, step_sums, step_counts, max_steps=None
     The same endpoint proposal as BlackJAX's ``hmc_proposal`` (BlackJAX's integrator, energy and
     ``static_binomial_sampling``), integrated by a loop that at each step ``l >= min_steps`` also
     adds ``a_l J_l`` to the sums and 1 to the counts (returned in :class:`TrajectoryInfo`): what
-    :func:`ahmc.core.step_jumps_estimate` averages.  Entry ``l - 1`` takes step ``l`` when
+    :func:`ahmc.core.objectives.step_jumps_estimate` averages.  Entry ``l - 1`` takes step ``l`` when
     ``max_steps`` (the arm's ``L``; ``None``: the vectors' length) fits the vectors, otherwise its
     :func:`step_bin`.  Adding in the loop touches only the steps taken.  ``whiten`` maps a
     flattened position difference to the frame the reward measures jumps in."""
@@ -326,7 +328,7 @@ class TrajectoryRoundStats(NamedTuple):
 
 
 def trajectory_jump_estimate(step_sums, step_counts, min_num_steps, max_steps=None):
-    """:func:`ahmc.core.step_jumps_estimate` on arrays: the mean over lengths ``>= min_num_steps``
+    """:func:`ahmc.core.objectives.step_jumps_estimate` on arrays: the mean over lengths ``>= min_num_steps``
     that the round reached of the per-length mean of ``a_l J_l`` (NaN when none was reached).
     With ``max_steps`` (the round's ``L``) longer than the vectors, their entries are
     :func:`step_bin`'s bins, each mean weighted by the number of lengths in its bin (``None``: the
@@ -444,65 +446,78 @@ def _check_user_num_steps(num_steps_bounds, super_transitions) -> tuple[int, int
     return l_box
 
 
-def _check_names(build):
-    """Unknown option names fail before anything is traced, with the nearest valid name."""
+_DEFAULT = Config()
+
+
+def with_config(build, owner: str = "ahmc", extra_names=()):
+    """``build`` taking ``config=`` (an :class:`ahmc.core.Config`) and ``paper_preset=`` besides its flat options.
+
+    The tuning options are validated together by the Config and the rest against ``build``'s own
+    arguments (and ``extra_names``), before anything is traced: an unknown name fails with the
+    nearest valid one. Only the options the user set are passed on, so the route's own defaults
+    (which equal the Config's, or resolve its ``None``) apply to the rest.
+    """
 
     @functools.wraps(build)
-    def checked(logdensity_fn, **options):
-        valid = set(inspect.signature(build).parameters) - {"logdensity_fn"}
-        check_option_names(options, valid, "ahmc")
-        return build(logdensity_fn, **options)
+    def built(logdensity_fn, **options):
+        paper = options.get("paper_preset", False) is True
+        tuning, execution = resolve_options(options, owner)
+        valid = (set(inspect.signature(build).parameters) | set(extra_names)) - {"logdensity_fn"}
+        check_option_names(execution, valid | set(Config.option_names()), owner)
+        if paper:  # the paper's chains draw their step counts independently
+            execution.setdefault("shared_num_steps", False)
+        return build(logdensity_fn, **tuning, **execution)
 
-    return checked
+    return built
 
 
-@_check_names
+@functools.partial(with_config, owner="ahmc")
 def build_engine(
     logdensity_fn: Callable,
     *,
     num_warmup: int,
-    step_size_bounds: tuple[float, float] | None = None,
-    num_steps_bounds: tuple[int, int] | None = None,
-    adapt_mass_matrix: bool = True,
+    step_size_bounds: tuple[float, float] | None = _DEFAULT.box.step_size_bounds,
+    num_steps_bounds: tuple[int, int] | None = _DEFAULT.box.num_steps_bounds,
+    adapt_mass_matrix: bool = _DEFAULT.warmup.adapt_mass_matrix,
     inverse_mass_matrix=None,
-    dense_mass: bool = False,
+    dense_mass: bool | str = _DEFAULT.warmup.dense_mass,
     pooled: bool = True,
-    round_length: int = 10,
-    metric_fraction: float = 0.5,
-    step_size_factors: tuple[float, float] = (0.5, 2.0),
-    max_integration_time: float = 4 * math.pi,
-    warmup_integration_time: float = 2.0,
-    num_steps_cap: int = NUM_STEPS_CAP,
-    num_step_sizes: int = 100,
-    num_num_steps: int = 32,
-    log_step_size: bool = True,
-    target_acceptance_rate: float = 0.8,
-    initial_step_size: float = 1.0,
-    objective: str | Callable = "normalized_esjd",
-    divergence_penalty: float = DEFAULT_DIVERGENCE_PENALTY,
-    exploit_after_warmup: bool = True,
-    schedule: str = "inverse_sqrt",
-    k: int | None = None,
-    decay: float = 0.01,
-    freeze_after: int | str | None = None,
-    capacity: int = 64,
-    lengthscale: float = 0.2,
-    noise_variance: float = 0.1,
-    alpha: float = 4.0,
-    delta: float = 0.1,
+    round_length: int = _DEFAULT.schedule.round_length,
+    metric_fraction: float | None = _DEFAULT.warmup.metric_fraction,
+    step_size_factors: tuple[float, float] = _DEFAULT.box.step_size_factors,
+    max_integration_time: float = _DEFAULT.box.max_integration_time,
+    warmup_integration_time: float = _DEFAULT.warmup.warmup_integration_time,
+    num_steps_cap: int = _DEFAULT.box.num_steps_cap,
+    num_step_sizes: int = _DEFAULT.box.num_step_sizes,
+    num_num_steps: int = _DEFAULT.box.num_num_steps,
+    log_step_size: bool = _DEFAULT.box.log_step_size,
+    target_acceptance_rate: float = _DEFAULT.warmup.target_acceptance_rate,
+    initial_step_size: float | None = _DEFAULT.warmup.initial_step_size,
+    objective: str | Callable = _DEFAULT.reward.objective,
+    divergence_penalty: float = _DEFAULT.reward.divergence_penalty,
+    exploit_after_warmup: bool = _DEFAULT.schedule.exploit_after_warmup,
+    schedule: str = _DEFAULT.schedule.schedule,
+    k: int | None = _DEFAULT.schedule.k,
+    decay: float = _DEFAULT.schedule.decay,
+    freeze_after: int | str | None = _DEFAULT.schedule.freeze_after,
+    capacity: int = _DEFAULT.gp.capacity,
+    lengthscale: float = _DEFAULT.gp.lengthscale,
+    noise_variance: float | None = _DEFAULT.gp.noise_variance,
+    alpha: float = _DEFAULT.gp.alpha,
+    delta: float = _DEFAULT.gp.delta,
     integrator: Callable = integrators.velocity_verlet,
     divergence_threshold: float = 1000.0,
     kernel: Callable | None = None,
-    restart_lost_chains: bool = True,
+    restart_lost_chains: bool = _DEFAULT.warmup.restart_lost_chains,
     initial_arm: tuple[float, int] | None = None,
     chain_data: Any = None,
     round_end_fn: Callable | None = None,
     round_end_state: Any = None,
     super_transitions: int | None = None,
     shared_num_steps: bool = True,
-    min_steps_fraction: float = 0.0,
+    min_steps_fraction: float = _DEFAULT.box.min_steps_fraction,
     sequential_chains: bool = False,
-    jump_estimate: str | None = None,
+    jump_estimate: str | None = _DEFAULT.reward.jump_estimate,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
 
@@ -537,16 +552,16 @@ def build_engine(
     dense_mass
         ``True``: a dense inverse mass matrix (the window's covariance, BlackJAX's
         estimator with its regularisation, correlations shrunk by
-        :func:`ahmc.core.shrink_correlations`), as NumPyro's ``dense_mass=True``; a
+        :func:`ahmc.core.mass_matrix.shrink_correlations`), as NumPyro's ``dense_mass=True``; a
         given ``inverse_mass_matrix`` is then ``(d, d)``.  It whitens correlated
         posteriors a diagonal cannot (the logistic regressions' coefficients), at
         O(d^2) memory and an O(d^3) Cholesky per iteration: for d up to a few
         hundred.  The reward's jumps are measured in the Cholesky-whitened frame
         (the Mahalanobis distance of the jump).  ``"auto"``: estimate the dense
         matrix and keep it at a window's end only where its correlations stand out
-        from the noise of estimating them (:func:`ahmc.core.prefers_dense`),
+        from the noise of estimating them (:func:`ahmc.core.mass_matrix.prefers_dense`),
         otherwise use its diagonal (the diagonal adaptation's matrix, held as a
-        ``(d, d)`` matrix); above ``d = 200`` (:data:`ahmc.core.DENSE_AUTO_MAX_DIM`)
+        ``(d, d)`` matrix); above ``d = 200`` (:data:`ahmc.core.mass_matrix.DENSE_AUTO_MAX_DIM`)
         the diagonal adaptation runs from the start.  A given
         ``inverse_mass_matrix`` may then be ``(d,)`` or ``(d, d)``; its shape decides.
     pooled
@@ -641,7 +656,7 @@ def build_engine(
     min_steps_fraction
         Lower end of the leapfrog-count jitter: ``L_t ~ U{max(1, ceil(f L))..L}``.
         ``0`` (default) is the paper's ``U{1..L}``; ``0.5`` draws from the upper half
-        (``U{ceil(L/2)..L}``).  Measured (BENCHMARKS.md, "Leapfrog jitter"): 0.5 raises
+        (``U{ceil(L/2)..L}``).  Measured (BENCHMARKS.md@036b7d1, "Leapfrog jitter"): 0.5 raises
         the min ESS of the means per gradient on 14 of 15 benchmark models, by up to
         2.5x, and lowers the ESS of the squares (variances) on 14 of 15, below NUTS's
         on all 15; the paper's jitter is the safer default.  Applies in warm-up too.
@@ -650,7 +665,7 @@ def build_engine(
         ``"trajectory"`` (the default with the engine's own kernel): from every leapfrog
         step of the round's trajectories, each step's whitened squared jump from the start
         weighted by the acceptance probability had the trajectory stopped there, averaged
-        per length and then over lengths (:func:`ahmc.core.step_jumps_estimate`; the same
+        per length and then over lengths (:func:`ahmc.core.objectives.step_jumps_estimate`; the same
         target without the noise of the accept/reject coin and of the draw of ``L_t``).
         The transitions are the same; the kernel is BlackJAX's ``build_kernel`` with a
         proposal that also adds each step's value to the round's per-length sums
@@ -683,6 +698,10 @@ def build_engine(
     """
     if not callable(logdensity_fn):
         raise ValueError("logdensity_fn must be callable: position -> scalar log density.")
+    # The Config's None defaults, resolved for the JAX engine (docs/options.md).
+    metric_fraction = 0.5 if metric_fraction is None else metric_fraction
+    initial_step_size = 1.0 if initial_step_size is None else initial_step_size
+    noise_variance = GPConfig(noise_variance=noise_variance).resolved_noise_variance(one_chain_rounds=False)
     min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
     if jump_estimate is None:
         jump_estimate = "trajectory" if kernel is None else "transition"

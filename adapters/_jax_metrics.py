@@ -30,7 +30,7 @@ The kinds (the names the PyMC adapter uses too):
   ``(d,)`` vector is a *diagonal* metric ``diag(g(x))``, as in BlackJAX's
   convention: O(d) algebra and a ``(d, d)`` Jacobian of ``g`` instead of a
   Cholesky factor and a ``(d, d, d)`` tensor (on the 10-d funnel 14x-23x
-  less time per unit than the same metric as a matrix; BENCHMARKS.md).
+  less time per unit than the same metric as a matrix; BENCHMARKS.md@036b7d1).
 * :func:`constant_metric`: not Riemannian at all; the engine runs plain HMC
   with the dense inverse mass matrix ``G^{-1}`` (no implicit solver), so it
   costs what dense-metric HMC costs.
@@ -145,7 +145,7 @@ class FisherLogisticMetric:
 
         # No chord step in the position solve (velocity_derivative=None): its directional derivative
         # costs O(N d) passes over the data, about what the metric values it saves cost (measured:
-        # same time per step, fewer units; BENCHMARKS.md), and plain iteration keeps the draws as before.
+        # same time per step, fewer units; BENCHMARKS.md@036b7d1), and plain iteration keeps the draws as before.
         return generic._replace(at=at, kinetic_grad_x=kinetic_grad_x, velocity_derivative=None)
 
 

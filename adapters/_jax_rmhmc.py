@@ -20,7 +20,7 @@ changes, and why:
   the cached metric derivatives give at O(d^3) (no evaluation), and the start
   is corrected the same way.  It converges to the same point as the plain
   iteration with fewer metric evaluations (on the funnel about 6 units per step
-  against 8; BENCHMARKS.md).  ``fisher_logistic_metric`` keeps the plain
+  against 8; BENCHMARKS.md@036b7d1).  ``fisher_logistic_metric`` keeps the plain
   iteration: there the derivative costs passes over the data, about what the
   saved evaluations cost.  GL is symplectic and symmetric, so with exact solves the proposal is
   reversible and volume preserving; with the tolerance it is so up to that
@@ -59,8 +59,10 @@ import blackjax.mcmc.integrators as integrators
 from blackjax.mcmc.integrators import solve_fixed_point_iteration
 from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 
+from ahmc.core import Config
+from ahmc.core.config import resolve_options
 from ahmc.core.options import check_option_names
-from ahmc.core import RMHMC_NUM_STEPS_CAP
+from ahmc.core.space import RMHMC_NUM_STEPS_CAP
 
 from ._jax_engine import build_engine
 from ._jax_metrics import (DEFAULT_SOFTABS_ALPHA, ConstantMetric, FisherLogisticMetric, check_metric_at,
@@ -294,12 +296,16 @@ def default_max_integration_time(metric) -> float:
     The logistic regressions' Fisher metric is close to the posterior precision, so in its frame the
     posterior is nearly a standard normal, whose trajectories repeat with period 2 pi: longer ones
     cost gradients and gain nothing. Measured at full length against Girolami & Calderhead's setting
-    (BENCHMARKS.md), 2 pi put both moments of Pima and Ripley at or above theirs on average, where
+    (BENCHMARKS.md@036b7d1), 2 pi put both moments of Pima and Ripley at or above theirs on average, where
     4 pi fell short on Pima's variances. SoftAbs and a user's metric need not whiten the posterior
     (on the 10-d funnel ``v`` needed the longer box), and a constant metric is plain HMC: they keep
     AdaptiveHMC's 4 pi.  ``max_integration_time=`` overrides either.
     """
     return 2.0 * math.pi if isinstance(metric, FisherLogisticMetric) else 4.0 * math.pi
+
+
+def _engine_option_names():
+    return set(inspect.signature(build_engine).parameters) - {"logdensity_fn"}
 
 
 def build_rmhmc_engine(
@@ -323,9 +329,12 @@ def build_rmhmc_engine(
     unwhitened, as the paper measures it.  The chains' transitions run one after another
     (``sequential_chains=True``) with SoftAbs, ``vmap``-ed with any other metric.  ``options``: every other knob of ``build_engine``.
     """
-    own = {"metric", "softabs_alpha", "fixed_point_tolerance", "max_fixed_point_iterations", "num_warmup"}
-    check_option_names(options, (set(inspect.signature(build_engine).parameters) | own) - {"logdensity_fn"},
-                       "ahmc (RMHMC)")
+    paper = options.get("paper_preset", False) is True
+    tuning, execution = resolve_options(options, "ahmc (RMHMC)")  # config= and paper_preset= folded in
+    check_option_names(execution, _engine_option_names() | set(Config.option_names()), "ahmc (RMHMC)")
+    options = {**tuning, **execution}
+    if paper:
+        options.setdefault("shared_num_steps", False)
     validate_rmhmc_options(options)
     if not isinstance(metric, ConstantMetric):  # each step costs a metric evaluation: the former cap
         options.setdefault("num_steps_cap", RMHMC_NUM_STEPS_CAP)
@@ -333,7 +342,7 @@ def build_rmhmc_engine(
         # wait for the slowest. That dominates for SoftAbs (an eigen-decomposition per metric value:
         # 1.4-1.8x less time per unit on the funnel one after another). Cheaper metrics gain as much
         # from vmap's batching (the funnel's Fisher metric as a matrix 1.5x faster vmap-ed, as a diagonal
-        # the same either way; the Fisher helper 0.6x-1.3x; BENCHMARKS.md, "Chains one after another"),
+        # the same either way; the Fisher helper 0.6x-1.3x; BENCHMARKS.md@036b7d1, "Chains one after another"),
         # so they stay vmap-ed.
         options.setdefault("sequential_chains", isinstance(metric, str) and metric == "softabs")
     options.setdefault("max_integration_time", default_max_integration_time(metric))

@@ -33,7 +33,7 @@ Options shared by all three (see :func:`ahmc.adapters._jax_engine.build_engine`)
 ``step_size_bounds``, ``num_steps_bounds`` (user box; default automatic),
 ``adapt_mass_matrix``, ``inverse_mass_matrix``, ``dense_mass`` (a dense mass matrix: BlackJAX's
 ``is_mass_matrix_diagonal=False``; ``"auto"``: dense only where the warm-up finds correlations beyond
-estimation noise, :func:`ahmc.core.prefers_dense`), ``pooled``, ``round_length``,
+estimation noise, :func:`ahmc.core.mass_matrix.prefers_dense`), ``pooled``, ``round_length``,
 ``metric_fraction``, ``step_size_factors``, ``max_integration_time``,
 ``objective``, ``divergence_penalty``, ``jump_estimate`` (``"trajectory"``: the reward's mean squared jump
 from every leapfrog step of the round, each weighted by its acceptance probability; ``"transition"``: the
@@ -71,7 +71,9 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         'ahmc.adapters.blackjax needs JAX and BlackJAX: pip install "ahmc[blackjax]"'
     ) from err
 
-from ahmc.core import TunerState, check_min_steps_fraction, min_num_steps
+from ahmc.core import TunerState
+from ahmc.core.config import PAPER_SETTINGS
+from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, _scan, build_engine
 from ._jax_engine import sample as _sample
@@ -98,8 +100,7 @@ __all__ = [
     "SearchBox",
 ]
 
-PAPER_PRESET = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0,
-                "min_steps_fraction": 0.0, "shared_num_steps": False, "jump_estimate": "transition"}
+PAPER_PRESET = {**PAPER_SETTINGS, "shared_num_steps": False}  # Algorithm 2 as published (docs/options.md)
 
 
 class GPUCBAdaptationInfo(NamedTuple):
@@ -124,14 +125,6 @@ class GPUCBAdaptationInfo(NamedTuple):
     search_box: SearchBox
     tuner_state: TunerState
     adaptation_state: EngineState
-
-
-def _options(paper_preset: bool, options: dict) -> dict:
-    if not paper_preset:
-        return options
-    if options.get("step_size_bounds") is None or options.get("num_steps_bounds") is None:
-        raise ValueError("paper_preset=True needs step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi).")
-    return {**PAPER_PRESET, **options}
 
 
 def uniform_steps_hmc(
@@ -193,7 +186,7 @@ def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **o
     >>> warmup = gpucb_adaptation(logdensity_fn)                                      # doctest: +SKIP
     >>> (state, parameters), info = warmup.run(jax.random.key(0), positions, 1000)  # doctest: +SKIP
     """
-    options = _options(paper_preset, options)
+    options = {**options, "paper_preset": paper_preset}
 
     def run(rng_key, positions, num_steps: int = 1000):
         check_chain_batch(logdensity_fn, positions, "gpucb_adaptation(...).run")
@@ -290,7 +283,7 @@ def adaptive_hmc(
     >>> states = jax.vmap(sampler.init)(positions, jax.random.split(key, 4))          # doctest: +SKIP
     >>> states, info = jax.jit(jax.vmap(sampler.step))(jax.random.split(key, 4), states)  # doctest: +SKIP
     """
-    options = _single_chain_options(_options(paper_preset, options), "adaptive_hmc")
+    options = _single_chain_options({**options, "paper_preset": paper_preset}, "adaptive_hmc")
     return _one_chain(build_engine(logdensity_fn, num_warmup=num_warmup, **options))
 
 
@@ -310,7 +303,7 @@ def pooled_adaptive_hmc(
     tuner inside the one compiled step.  It also continues from ``gpucb_adaptation(...).run``'s
     ``adaptation_state`` (same ``num_warmup`` and options)."""
     num_chains = _check_num_chains(num_chains)
-    engine = build_engine(logdensity_fn, num_warmup=num_warmup, **_options(paper_preset, options))
+    engine = build_engine(logdensity_fn, num_warmup=num_warmup, **{**options, "paper_preset": paper_preset})
     return _many_chains(engine, logdensity_fn, num_chains, "pooled_adaptive_hmc")
 
 
@@ -395,7 +388,7 @@ def run_chains(
     """
     check_chain_batch(logdensity_fn, positions, "run_chains")
     samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
-                               **_options(paper_preset, options))
+                               **{**options, "paper_preset": paper_preset})
     return samples, info
 
 
@@ -470,7 +463,7 @@ def gpucb_rmhmc_adaptation(logdensity_fn: Callable, *, paper_preset: bool = Fals
     ``parameters`` (``step_size``, ``num_integration_steps``) plug into
     :func:`uniform_steps_rmhmc` together with the same ``metric`` options.
     """
-    options = _options(paper_preset, options)
+    options = {**options, "paper_preset": paper_preset}
 
     def run(rng_key, positions, num_steps: int = 1000):
         check_chain_batch(logdensity_fn, positions, "gpucb_rmhmc_adaptation(...).run")
@@ -499,7 +492,7 @@ def adaptive_rmhmc(
     log-density gradients plus metric evaluations.  ``jax.vmap`` over init and step for several
     chains (a tuner each), or :func:`pooled_adaptive_rmhmc` for one shared tuner.
     """
-    options = _single_chain_options(_options(paper_preset, options), "adaptive_rmhmc")
+    options = _single_chain_options({**options, "paper_preset": paper_preset}, "adaptive_rmhmc")
     options.setdefault("sequential_chains", False)  # one chain: nothing to run one after another
     return _one_chain(build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **options))
 
@@ -514,7 +507,7 @@ def pooled_adaptive_rmhmc(
 ) -> SamplingAlgorithm:
     """Adaptive RMHMC for ``num_chains`` chains sharing one tuner; see :func:`pooled_adaptive_hmc`."""
     num_chains = _check_num_chains(num_chains)
-    engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **_options(paper_preset, options))
+    engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **{**options, "paper_preset": paper_preset})
     return _many_chains(engine, logdensity_fn, num_chains, "pooled_adaptive_rmhmc")
 
 
@@ -535,5 +528,5 @@ def run_rmhmc_chains(
     """
     check_chain_batch(logdensity_fn, positions, "run_rmhmc_chains")
     samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
-                               build=build_rmhmc_engine, **_options(paper_preset, options))
+                               build=build_rmhmc_engine, **{**options, "paper_preset": paper_preset})
     return samples, info

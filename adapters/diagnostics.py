@@ -9,7 +9,7 @@ JAX is imported only by :func:`config_from_engine`, :func:`config_from_numpyro` 
 Warm-up draws hold most GP rounds, so keep them: PyMC with
 ``pm.sample(..., discard_tuned_samples=False)``; NumPyro with
 ``mcmc.warmup(key, ..., collect_warmup=True)`` converted separately and stored
-as the ``warmup_sample_stats`` group (see the README).  Rebuilding the
+as the ``warmup_sample_stats`` group (see docs/diagnostics.md).  Rebuilding the
 surrogate also needs a :class:`~ahmc.core.diagnostics.TuningConfig`: from the
 ``config`` argument, else the JSON attribute ``ahmc_config`` (root,
 ``sample_stats`` or ``warmup_sample_stats``); per-draw stats of the box, when
@@ -26,22 +26,24 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ahmc.core import Config
+from ahmc.core.config import GPConfig, resolve_options
 from ahmc.core.diagnostics import (TuningConfig, TuningHistory, arm_parameters, strongest_correlation, tuning_history,
                                    varying_coordinates)
 
-__all__ = ["history_from_datatree", "history_from_blackjax", "config_from_engine", "config_from_numpyro",
-           "slowest_square"]
+__all__ = ["history_from_datatree", "history_from_numpyro", "history_from_blackjax", "config_from_engine",
+           "config_from_numpyro", "slowest_square"]
 
 CONFIG_ATTR = "ahmc_config"
 #: JSON list of the sampled variables (not deterministics): the correlation hint looks at these only.
 FREE_VARS_ATTR = "ahmc_free_vars"
 BOX_STATS = {"step_size_bounds": "step_size", "num_steps_bounds": "num_steps"}  # last axis: (lo, hi)
 # Defaults shared by the adapters (ahmc.adapters._jax_engine.build_engine and ahmc.adapters.pymc.AdaptiveHMC).
-ADAPTER_DEFAULTS = {"num_step_sizes": 100, "capacity": 64}
+ADAPTER_DEFAULTS = {"num_step_sizes": Config().box.num_step_sizes, "capacity": Config().gp.capacity}
 # ahmc.adapters.pymc.AdaptiveHMC's per-chain tuner scores one chain's round, a noisier reward than the
 # engine's pooled one (AdaptiveRMHMC keeps the shared 0.1).  Its trees have the PyMC box stats and no
 # RMHMC stats (AdaptiveRMHMC with a constant metric is AdaptiveHMC: pass its config to replay it).
-PYMC_HMC_DEFAULTS = {**ADAPTER_DEFAULTS, "noise_variance": 0.5}
+PYMC_HMC_DEFAULTS = {**ADAPTER_DEFAULTS, "noise_variance": GPConfig().resolved_noise_variance(one_chain_rounds=True)}
 RMHMC_STAT = "fixed_point_converged"
 # Options of the JAX RMHMC transition (ahmc.adapters._jax_rmhmc.build_rmhmc_engine), not of the tuner.
 RMHMC_OPTIONS = ("metric", "softabs_alpha", "fixed_point_tolerance", "max_fixed_point_iterations", "integrator")
@@ -264,10 +266,8 @@ def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> 
     """
     from ._jax_engine import build_engine  # JAX, only here
 
-    if paper_preset:
-        from .blackjax import PAPER_PRESET
-
-        options = {**PAPER_PRESET, **options}
+    tuning, execution = resolve_options({**options, "paper_preset": paper_preset}, "config_from_engine")
+    options = {**tuning, **execution}
     # An RMHMC run (AdaptiveRMHMC) adds transition options the tuner does not see; its engine has no mass matrix.
     rmhmc = {name: options[name] for name in RMHMC_OPTIONS if name in options}
     options = {name: value for name, value in options.items() if name not in rmhmc}
@@ -289,10 +289,36 @@ def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> 
         log_step_size=bool(space.log_step_size or engine.config.auto_box),
         initial_arm=int(engine.tuner.init().arm),
         capacity=int(get("capacity")), lengthscale=float(get("lengthscale")),
-        noise_variance=float(get("noise_variance")), alpha=float(get("alpha")), delta=float(get("delta")),
+        noise_variance=GPConfig(noise_variance=get("noise_variance")).resolved_noise_variance(one_chain_rounds=False), alpha=float(get("alpha")), delta=float(get("delta")),
         schedule=str(get("schedule")), k=options.get("k"), decay=float(get("decay")),
         dense_mass="auto" if isinstance(get("dense_mass"), str) else bool(get("dense_mass")),
     )
+
+
+def history_from_numpyro(mcmc: Any, *, warmup=None, var_names=None) -> TuningHistory:
+    """Tuning history of ``MCMC(AdaptiveHMC(...))`` after ``run``, in one call.
+
+    ``warmup``: the DataTree of the warm-up, ``arviz.from_numpyro(mcmc)`` taken after
+    ``mcmc.warmup(key, ..., collect_warmup=True)`` and before ``mcmc.run``; without it the report
+    covers the sampling phase and says that the warm-up, where most GP rounds are, was not recorded.
+
+    Examples
+    --------
+    >>> mcmc.warmup(key, *data, collect_warmup=True)                 # doctest: +SKIP
+    >>> warmup = arviz.from_numpyro(mcmc)                            # doctest: +SKIP
+    >>> mcmc.run(mcmc.post_warmup_state.rng_key, *data)              # doctest: +SKIP
+    >>> print(tuning_summary(history_from_numpyro(mcmc, warmup=warmup)))  # doctest: +SKIP
+    """
+    import arviz_base
+
+    tree = arviz_base.from_numpyro(mcmc)
+    if warmup is not None:
+        stats = _child(warmup, "sample_stats")
+        if stats is None:
+            raise ValueError("warmup must be the DataTree of arviz.from_numpyro(mcmc) taken after "
+                             "mcmc.warmup(..., collect_warmup=True); it has no sample_stats group.")
+        tree["warmup_sample_stats"] = stats
+    return history_from_datatree(tree, config=config_from_numpyro(mcmc), var_names=var_names)
 
 
 def config_from_numpyro(mcmc: Any) -> TuningConfig:

@@ -77,11 +77,15 @@ from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 from ahmc.core.options import check_option_names, whole_number_pair  # noqa: E402
-from ahmc.core import (DEFAULT_DIVERGENCE_PENALTY, DENSE_AUTO_MAX_DIM, NONFINITE_REWARD_MESSAGE, NUM_STEPS_CAP,
-                       RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, adapt_probability, check_min_steps_fraction,
-                       get_objective, gp_ucb, min_num_steps, needs_center, prefers_dense, round_arrays, round_init,
-                       round_update, search_space, shrink_correlations, step_jumps_estimate, step_jumps_init,
-                       step_jumps_update)
+from ahmc.core.objectives import (DEFAULT_DIVERGENCE_PENALTY, NONFINITE_REWARD_MESSAGE, get_objective,
+                                  needs_center, round_arrays, round_init, round_update, step_jumps_estimate,
+                                  step_jumps_init, step_jumps_update)
+from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense, shrink_correlations
+from ahmc.core.space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, check_min_steps_fraction,
+                             min_num_steps)
+from ahmc.core.tuner import adapt_probability
+from ahmc.core import Config, gp_ucb, search_space
+from ahmc.core.config import GPConfig, resolve_options
 
 from . import _riemann
 from ._pymc_fisher import assemble_fisher, fisher_parts, flatten_parts, unflatten_parts
@@ -92,7 +96,7 @@ from .diagnostics import PYMC_HMC_DEFAULTS
 MODEL_METRICS = ("fisher", "diagonal_fisher")
 
 #: ``metric_fraction`` with ``dense_mass=True``: one chain's dense estimate needs most of tune (five
-#: seeds of the logistic regressions, README "Dense mass matrix": 0.9 against 0.5 raised the min ESS per
+#: seeds of the logistic regressions, docs/algorithm.md "Dense mass matrix": 0.9 against 0.5 raised the min ESS per
 #: gradient from 0.37x to 0.99x PyMC's dense NUTS on breast cancer, d = 31).
 DENSE_METRIC_FRACTION = 0.9
 
@@ -290,7 +294,7 @@ def _check_step_options(cls, kwargs) -> None:
         if init is not None and callable(init):
             valid |= {name for name, p in inspect.signature(init).parameters.items()
                       if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
-    check_option_names(kwargs, valid, cls.__name__)
+    check_option_names(kwargs, valid | set(Config.option_names()), cls.__name__)
 
 
 def _samples_every_variable(step) -> bool:
@@ -316,6 +320,34 @@ class AdaptiveHMCState(BaseHMCState):
     _step_jumps: Any  # core StepJumps of the running round (jump_estimate="trajectory")
 
 
+# The Config options the PyMC step reads, in the order AdaptiveHMC.__init__ unpacks them.
+_PYMC_OPTIONS = ("step_size_bounds", "num_steps_bounds", "round_length", "objective", "divergence_penalty",
+                 "jump_estimate", "schedule", "k", "decay", "freeze_after", "adapt_mass_matrix", "initial_step_size",
+                 "metric_fraction", "step_size_factors", "max_integration_time", "warmup_integration_time",
+                 "num_steps_cap", "num_step_sizes", "exploit_after_warmup", "capacity", "lengthscale",
+                 "noise_variance", "alpha", "delta", "min_steps_fraction", "dense_mass", "log_step_size")
+# Config options of the JAX routes only: refused here rather than ignored.
+_JAX_ONLY = {"num_num_steps": "the PyMC step's automatic box has every integer L",
+             "restart_lost_chains": "PyMC runs each chain apart, so no chain can be restarted from another"}
+
+
+def _pymc_tuning(tuning: dict, kwargs: dict, owner: str) -> tuple:
+    """The PyMC step's values of the Config options (defaults: ``ahmc.core.Config``, with the step's own
+    resolution of its ``None`` defaults), and BaseHMC's ``target_accept`` from ``target_acceptance_rate``."""
+    for name, why in _JAX_ONLY.items():
+        if name in tuning:
+            raise ValueError(f"{owner}: {name} is not available in PyMC ({why}).")
+    if "target_acceptance_rate" in tuning:
+        if "target_accept" in kwargs:
+            raise ValueError(f"{owner}: give target_accept (PyMC's name) or target_acceptance_rate, not both.")
+        kwargs["target_accept"] = tuning.pop("target_acceptance_rate")
+    values = {**Config().options(), **tuning}
+    values["jump_estimate"] = values["jump_estimate"] or "trajectory"
+    values["noise_variance"] = GPConfig(noise_variance=values["noise_variance"]).resolved_noise_variance(
+        one_chain_rounds=True)
+    return tuple(values[name] for name in _PYMC_OPTIONS)
+
+
 class AdaptiveHMC(BaseHMC):
     """HMC with ``(eps, L)`` tuned by annealed GP-UCB while the chain runs.
 
@@ -332,7 +364,7 @@ class AdaptiveHMC(BaseHMC):
         Iterations per round, ``m`` (10: the paper's ``B / k`` for 1000 tune, 100 rounds).
     objective : {"normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"} or callable
         Reward of a round; a callable gets ``(RoundStats, L)``.  ``"esjd_moments"`` also rewards
-        moving the centred squares (ESS of variances; README, "Tuning for variances"); it measures
+        moving the centred squares (ESS of variances; docs/algorithm.md, "Tuning for variances"); it measures
         them about the mean of the mass-matrix window, so it needs the adapted mass matrix.
     divergence_penalty : float
         The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the round's
@@ -342,9 +374,9 @@ class AdaptiveHMC(BaseHMC):
         the jumps the chain made (the paper).  ``"trajectory"`` (default): estimated from every
         leapfrog step of the round's trajectories, each step's squared jump from the start weighted
         by the acceptance probability had the trajectory stopped there
-        (:func:`ahmc.core.step_jumps_estimate`).  Same target, less noise: one chain's 10-iteration
+        (:func:`ahmc.core.objectives.step_jumps_estimate`).  Same target, less noise: one chain's 10-iteration
         round is all this tuner learns from (on Pima, 1.26x PyMC's NUTS in min ESS per gradient over
-        50 seeds against 1.16x; README, "AHMC in PyMC").  It costs a few vector operations per
+        50 seeds against 1.16x; docs/decisions.md).  It costs a few vector operations per
         trajectory.  Once the tuner is frozen (``freeze_after``) no reward can move the arm and the
         steps are not collected: the ``reward`` stat of those rounds is the made jumps'.
         :class:`AdaptiveRMHMC` measures jumps in its metric and takes ``"transition"`` only (with a
@@ -352,7 +384,7 @@ class AdaptiveHMC(BaseHMC):
     min_steps_fraction : float
         ``n_steps`` is uniform on ``{max(1, ceil(f L))..L}``: 0 (default) is the paper's
         ``{1..L}``; 0.5 the upper half, which gives more ESS of the means per gradient and
-        less of the variances (README, "Leapfrog jitter").
+        less of the variances (docs/decisions.md, "Leapfrog jitter").
     schedule : {"inverse_sqrt", "exponential"}
         Annealing of the adaptation probability ``p_i``; ``decay`` is the exponential's rate.
     k : int, optional
@@ -364,10 +396,10 @@ class AdaptiveHMC(BaseHMC):
     dense_mass : bool or "auto"
         Adapt a dense mass matrix instead (a ``QuadPotentialFullAdapt`` estimated in Stan's windows
         per chain, correlations shrunk for short windows); the reward's jumps are then whitened by
-        its Cholesky factor.  For correlated posteriors of up to a few hundred dimensions (README,
+        its Cholesky factor.  For correlated posteriors of up to a few hundred dimensions (docs/algorithm.md,
         "Dense mass matrix").  ``"auto"``: estimate the dense matrix, but keep only its diagonal
         after a window whose correlations do not stand out from the noise of estimating them
-        (:func:`ahmc.core.prefers_dense`); above ``d = 200`` the diagonal adaptation runs instead.
+        (:func:`ahmc.core.mass_matrix.prefers_dense`); above ``d = 200`` the diagonal adaptation runs instead.
     initial_step_size : float, optional
         First step size (default: PyMC's ``0.25 / n**0.25``).
     metric_fraction : float, optional
@@ -393,7 +425,7 @@ class AdaptiveHMC(BaseHMC):
         (a dense mass matrix stays per chain).  For that PyMC steps the chains in lockstep in one
         process (its population sampling, as for ``DEMetropolis``), so ``cores`` does not
         parallelize them (a ``UserWarning`` says so).  It raises the min ESS per gradient on the
-        logistic regressions and on stochastic volatility (README, "PyMC").  ``False`` (default):
+        logistic regressions and on stochastic volatility (docs/decisions.md, "PyMC").  ``False`` (default):
         one tuner per chain, chains in separate processes with ``cores > 1``.
     **kwargs
         Passed to ``BaseHMC`` (``target_accept`` of the warm-up, ``Emax``, ``scaling``, ``potential``, ``model``, ...).
@@ -412,15 +444,13 @@ class AdaptiveHMC(BaseHMC):
             cls = PooledAdaptiveHMC
         return super().__new__(cls, *args, pooled=pooled, **kwargs)
 
-    def __init__(self, vars=None, *, step_size_bounds=None, num_steps_bounds=None, round_length=10,
-                 objective="normalized_esjd", divergence_penalty=DEFAULT_DIVERGENCE_PENALTY,
-                 jump_estimate="trajectory",
-                 schedule="inverse_sqrt", k=None, decay=0.01, freeze_after=None,
-                 adapt_mass_matrix=True, initial_step_size=None, metric_fraction=None,
-                 step_size_factors=(0.5, 2.0), max_integration_time=4 * math.pi, warmup_integration_time=2.0,
-                 num_steps_cap=NUM_STEPS_CAP, num_step_sizes=100, exploit_after_warmup=True, capacity=64,
-                 lengthscale=0.2, noise_variance=PYMC_HMC_DEFAULTS["noise_variance"], alpha=4.0, delta=0.1,
-                 min_steps_fraction=0.0, dense_mass=False, pooled=False, model=None, **kwargs):
+    def __init__(self, vars=None, *, config=None, paper_preset=False, pooled=False, model=None, **kwargs):
+        tuning, kwargs = resolve_options({"config": config, "paper_preset": paper_preset, **kwargs}, type(self).__name__)
+        (step_size_bounds, num_steps_bounds, round_length, objective, divergence_penalty, jump_estimate, schedule, k,
+         decay, freeze_after, adapt_mass_matrix, initial_step_size, metric_fraction, step_size_factors,
+         max_integration_time, warmup_integration_time, num_steps_cap, num_step_sizes, exploit_after_warmup,
+         capacity, lengthscale, noise_variance, alpha, delta, min_steps_fraction, dense_mass,
+         log_step_size) = _pymc_tuning(tuning, kwargs, type(self).__name__)
         _check_step_options(type(self), kwargs)
         if not isinstance(pooled, (bool, np.bool_)):
             raise ValueError(f"pooled must be True or False; got {pooled!r}.")
@@ -460,7 +490,7 @@ class AdaptiveHMC(BaseHMC):
         if metric_fraction is None:
             fixed_metric = not adapt_mass_matrix or bool({"potential", "scaling"} & set(kwargs))
             # A dense matrix is estimated from one chain's draws: its error grows as sqrt(d / draws), and a
-            # longer metric phase paid for itself in ESS per gradient (README, "Dense mass matrix").
+            # longer metric phase paid for itself in ESS per gradient (docs/decisions.md, "Dense mass matrix").
             metric_fraction = (0.0 if step_size_bounds and num_steps_bounds and fixed_metric
                                else DENSE_METRIC_FRACTION if dense_mass else 0.5)
         if not 0 <= metric_fraction < 1:
@@ -469,6 +499,7 @@ class AdaptiveHMC(BaseHMC):
         self._round_length, self._k, self._freeze_after = int(round_length), k, freeze_after
         self._metric_fraction, self._exploit = float(metric_fraction), bool(exploit_after_warmup)
         self._step_size_factors, self._num_step_sizes = tuple(step_size_factors), int(num_step_sizes)
+        self._log_step_size = bool(log_step_size)
         self._max_time, self._warmup_time = float(max_integration_time), float(warmup_integration_time)
         self._num_steps_cap = int(num_steps_cap)
         self._warmup_max_steps = min(self._num_steps_cap, WARMUP_MAX_STEPS)  # the metric phase's L cap
@@ -538,7 +569,8 @@ class AdaptiveHMC(BaseHMC):
         key = (self._search_box, k, freeze)
         if self._tuner_cache[0] != key:
             eps_lo, eps_hi, l_lo, l_hi = self._search_box
-            space = search_space((eps_lo, eps_hi), (int(l_lo), int(l_hi)), num_step_sizes=self._num_step_sizes)
+            space = search_space((eps_lo, eps_hi), (int(l_lo), int(l_hi)), num_step_sizes=self._num_step_sizes,
+                                 log_step_size=self._log_step_size or self._step_size_bounds is None)
             self._tuner_cache = (key, gp_ucb(space, k=k, freeze_after=freeze, **self._tuner_options))
         return self._tuner_cache[1]
 
@@ -1332,6 +1364,9 @@ class AdaptiveRMHMC(AdaptiveHMC):
 
     def __init__(self, vars=None, *, metric=None, softabs_alpha=1e6, fixed_point_tolerance=1e-6,
                  max_fixed_point_iterations=20, max_integration_time=None, model=None, **kwargs):
+        # Fold config= and paper_preset= into flat options first, so the RMHMC defaults below fill only what is unset.
+        tuning, kwargs = resolve_options(kwargs, type(self).__name__)
+        kwargs = {**tuning, **kwargs}
         if not isinstance(metric, ConstantMetric):
             # AdaptiveHMC's per-chain reward noise was measured for plain HMC; SoftAbs on the 10-d
             # funnel mixed worse with it (short test: ESS 18-34 of 800 draws vs >= 40), so keep 0.1.

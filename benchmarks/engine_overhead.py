@@ -17,7 +17,7 @@ and the leapfrog steps per chain per iteration::
 
     ./dev run python -m benchmarks.engine_overhead [--models std_gauss_10,...] [--repeats 21] [--dense]
 
-Writes ``benchmarks/results/engine_overhead.{json,md}``.  Wall-clock figures
+Writes ``runs/engine_overhead.{json,md}`` (not committed).  Wall-clock figures
 on this machine's 2 shared cores: compare the columns of one run, not runs.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results" / "engine_overhead.json"
+RESULTS = Path("runs") / "engine_overhead.json"  # a study: its outputs are not committed
 DEFAULT_MODELS = ("std_gauss_10", "eight_schools", "arK", "pima")
 
 

@@ -272,7 +272,7 @@ def stochastic_volatility(num_steps: int = 1000) -> Model:
     init = np.concatenate([np.zeros(num_steps), [np.log(np.std(y)), np.arctanh(0.9), np.log(0.2)]])
     # No sampler, NUTS included, converges here in 1000 + 1000 (R-hat 1.05-1.3; min ESS 11-228 over
     # the samplers of one run, so their ratios were noise); at 2000 + 8000 NumPyro's NUTS reaches R-hat
-    # 1.006-1.009 (BENCHMARKS.md, "Stochastic volatility").  The full mode runs every sampler that long.
+    # 1.006-1.009 (BENCHMARKS.md@036b7d1, "Stochastic volatility").  The full mode runs every sampler that long.
     return Model(
         "stochastic_volatility", logdensity_fn, num_steps + 3, init,
         f"stochastic volatility (paper 5.3), T = {num_steps} simulated, beta 0.65, sigma 0.15, phi 0.98",
@@ -462,7 +462,7 @@ MODELS: dict[str, Callable[[], Model]] = {
     # At 1000 + 1000 no sampler's R-hat was below 1.01 on the 64 x 64 grid in every run (BlackJAX's NUTS
     # 1.013, NumPyro's 1.010-1.012, AHMC 1.014-1.027): its 16384 coordinates make the largest of their
     # R-hats, driven by the ESS of the squares (~100-700 at 1000 draws), an extreme value.  With 4000
-    # draws both AHMC adapters reached 1.004-1.006 (BENCHMARKS.md, "The 64 x 64 LGCP at 4000 draws").
+    # draws both AHMC adapters reached 1.004-1.006 (BENCHMARKS.md@036b7d1, "The 64 x 64 LGCP at 4000 draws").
     "lgcp_64": lambda: lgcp(64, embedding=True, full_draws=(1000, 4000)),
     **{name: _posteriordb(name) for name in POSTERIORDB_MODELS},
 }

@@ -3,7 +3,7 @@
     ./dev run python -m benchmarks.run                       # quick mode (all models, all samplers)
     ./dev run python -m benchmarks.run --full
     ./dev run python -m benchmarks.run --models pima,ripley --samplers blackjax_nuts,numpyro_nuts
-    ./dev run python -m benchmarks.run --output benchmarks/results/nuts_quick.json --seed 0
+    ./dev run python -m benchmarks.run --output runs/nuts_quick.json --seed 0
 
 Per (model, sampler): ``--chains`` chains (4) from the same starting points
 (``init + Uniform(-2, 2)``) and the same PRNG key for every sampler,
@@ -210,7 +210,7 @@ def skip_reason(sampler_name: str, model) -> str | None:
         return f"dense mass matrix: d = {model.dim} > {DENSE_MAX_DIM}"
     if sampler_name in RMHMC_SAMPLERS and model.name not in RMHMC_MODEL_NAMES:
         return ("ARMHMC runs where the paper applies it, the logistic regressions (Fisher metric); "
-                "the funnel and the fixed-parameter RMHMC are in benchmarks.rmhmc")
+                "docs/rmhmc.md runs it on others")
     return None
 
 
@@ -675,6 +675,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from .report import write_report
 
         print(f"wrote {write_report(args.output)}")
+    if args.output.resolve().parent == RESULTS_DIR:  # the committed runs: their tables go into the docs
+        from .headline import update_documents
+
+        for path in update_documents():
+            print(f"updated the results tables in {path}")
     return results
 
 

@@ -288,8 +288,9 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
     ``options["chain_method"]`` says otherwise: what NumPyro's default
     (``"parallel"``) does on a CPU with one JAX device, and 1.1-4x cheaper per
     gradient here than ``"vectorized"`` (one ``vmap``, where every iteration
-    waits for the deepest tree; BENCHMARKS.md, "NUTS with its chains one after
-    another"; the benchmark ran it vectorized until 2026-11-28).  Other ``options`` go to
+    waits for the deepest tree; docs/decisions.md, "The per-second baseline").
+    ``numpyro_nuts_vectorized`` is the same with ``chain_method="vectorized"``, faster on
+    some models: the per-second baseline is the better of the two.  Other ``options`` go to
     ``NUTS`` (e.g. ``target_accept_prob``, ``dense_mass``).  Warm-up runs with
     ``MCMC.warmup(collect_warmup=True)`` so its leapfrog steps can be counted,
     then ``MCMC.run`` continues from the warmed-up state.
@@ -303,6 +304,12 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
     run, mcmc, _, _ = _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples, chain_method, ())
     run.extra["step_size"] = _as_float_list(mcmc.last_state.adapt_state.step_size)
     return run
+
+
+def run_numpyro_nuts_vectorized(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """NumPyro's NUTS with ``chain_method="vectorized"``: the chains in one ``vmap``."""
+    return run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples,
+                            **{"chain_method": "vectorized", **options})
 
 
 # --------------------------------------------------------------------------- #
@@ -359,10 +366,8 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
     time (``CompileClock.executing``; :func:`run_engine_phases`).
     """
     from ahmc.adapters import _jax_engine
-    from ahmc.adapters.blackjax import _options
 
-    resolved = _options(bool(options.pop("paper_preset", False)), dict(options))
-    engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, **resolved)
+    engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, **options)
     clock, state, info, draws = run_engine_phases(engine, rng_key, positions, num_warmup, num_samples)
     steps = np.asarray(info.num_integration_steps)
     divergent = np.asarray(info.is_divergent)
@@ -822,19 +827,53 @@ def run_nutpie(rng_key, model, positions, num_warmup, num_samples, **options) ->
 # --------------------------------------------------------------------------- #
 
 
+def metric_for(name: str):
+    """The metric ARMHMC uses on a benchmark model: the logistic regressions' expected Fisher
+    information plus the prior precision (``fisher_logistic_metric``), SoftAbs elsewhere."""
+    from ahmc.adapters.blackjax import fisher_logistic_metric
+
+    from .models import load_breast_cancer, load_pima, load_ripley, standardize
+
+    loaders = {"pima": load_pima, "ripley": load_ripley, "breast_cancer": load_breast_cancer}
+    if name not in loaders:
+        return "softabs"
+    features, _, _ = loaders[name]()
+    design = np.column_stack([np.ones(len(features)), standardize(np.asarray(features, dtype=np.float64))])
+    return fisher_logistic_metric(design, prior_variance=100.0)
+
+
+def _split_by_phase(info_field, is_warmup):
+    values = np.asarray(info_field)
+    return np.where(is_warmup, values, 0).sum(axis=0), np.where(is_warmup, 0, values).sum(axis=0)
+
+
 def run_armhmc(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
-    """``run_rmhmc_chains`` with the paper's metric for the model (``benchmarks.rmhmc.metric_for``).
+    """``run_rmhmc_chains`` with the paper's metric for the model (:func:`metric_for`).
 
-    The logistic regressions get the expected Fisher information plus the prior precision
-    (constant in the position's scale, not in the position: it depends on it through the
-    fitted probabilities).  Cost unit: one per log-density gradient and one per metric
-    evaluation, counted as gradients.  Warm-up and sampling are timed apart
-    (:func:`run_engine_phases`).
+    Cost unit: one per log-density gradient and one per metric evaluation, counted as gradients.
+    Warm-up and sampling are timed apart (:func:`run_engine_phases`).
     """
-    from .rmhmc import metric_for
-    from .rmhmc import run_armhmc as run_with_metric
+    from ahmc.adapters._jax_rmhmc import build_rmhmc_engine
 
-    return run_with_metric(rng_key, model, positions, num_warmup, num_samples, metric_for(model.name), **options)
+    engine = build_rmhmc_engine(model.logdensity_fn, num_warmup=num_warmup, metric=metric_for(model.name), **options)
+    clock, _, info, samples = run_engine_phases(engine, rng_key, positions, num_warmup, num_samples)
+    is_warmup = np.asarray(info.is_warmup, dtype=bool)
+    units_warmup, units_sampling = _split_by_phase(info.num_gradient_evals, is_warmup)
+    divergent_warmup, divergent_sampling = _split_by_phase(info.is_divergent, is_warmup)
+    sampling = ~is_warmup
+    return SamplerRun(
+        draws=np.asarray(samples), num_grads_warmup=units_warmup, num_grads_sampling=units_sampling,
+        num_divergent_warmup=divergent_warmup, num_divergent_sampling=divergent_sampling,
+        timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
+        extra={
+            "final_step_size": _as_float_list(np.asarray(info.step_size)[-1]),
+            "final_num_steps": _as_float_list(np.asarray(info.num_steps)[-1]),
+            "mean_acceptance": float(np.asarray(info.acceptance_rate)[sampling].mean()),
+            "fixed_point_converged": float(np.asarray(info.fixed_point_converged)[sampling].mean()),
+            "units_per_draw": float(units_sampling.sum() / sampling.sum()),
+            "leapfrog_steps_per_draw": float(np.asarray(info.num_integration_steps)[sampling].mean()),
+        },
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -883,6 +922,7 @@ BY_NAME_SAMPLERS: dict[str, Runner] = {
 SAMPLERS: dict[str, Runner] = {
     "blackjax_nuts": run_blackjax_nuts,
     "numpyro_nuts": run_numpyro_nuts,
+    "numpyro_nuts_vectorized": run_numpyro_nuts_vectorized,
     "ahmc_blackjax": run_ahmc_blackjax,
     "ahmc_numpyro": run_ahmc_numpyro,
     "ahmc_pymc": run_ahmc_pymc,

@@ -2,7 +2,7 @@
 
     ./dev run python -m benchmarks.seeds --models pima,ripley,breast_cancer \\
         --samplers ahmc_pymc,pymc_nuts --baseline pymc_nuts --seeds 0,1,2,3,4 \\
-        --output benchmarks/results/pymc_seeds.json
+        --output runs/pymc_seeds.json
 
 One benchmark run (``benchmarks.run``, quick settings) per seed; each run's
 JSON is kept beside the summary (``<output stem>_seed<k>.json``).  The summary

@@ -628,7 +628,7 @@ def dense_mass_hint(history: TuningHistory) -> str | None:
     unknown = history.config is None or history.config.dense_mass is None
     return (f"posterior correlation {r:+.2f} between {a} and {b}. A diagonal mass matrix (the default) "
             f"leaves it to the step size and L; a dense one learns it, and was several times faster per "
-            f"gradient on most correlated posteriors of our benchmark (README, \"Dense mass matrix\"): "
+            f"gradient on most correlated posteriors of our benchmark (docs/algorithm.md, \"Dense mass matrix\"): "
             f"dense_mass=\"auto\" keeps the correlations where they stand above their sampling noise (up to "
             f"d = 200), dense_mass=True always"
             + (". Ignore this if the run already used dense_mass=True." if unknown else "."))
@@ -653,7 +653,7 @@ def variance_hint(history: TuningHistory) -> str | None:
             f"so variances, sds and tail quantiles are estimated less well than means (R-hat, which also "
             f"checks the folded draws, may show it). The default reward, the squared jump per sqrt(L), favours "
             f"moves that carry a coordinate to the far side of the mode, which leave its square where it was. "
-            f"objective=\"esjd_moments\" scores the squares' jumps too, at some cost to the means (README, "
+            f"objective=\"esjd_moments\" scores the squares' jumps too, at some cost to the means (docs/decisions.md, "
             f"\"Tuning for variances\"; ignore this if the run used it); otherwise draw more.")
 
 
@@ -676,7 +676,7 @@ def single_step_hint(history: TuningHistory) -> str | None:
     return (f"{who}the chosen arm takes a single leapfrog step (L = 1), so every transition is a Langevin "
             f"(MALA) step. In low dimension the squared-jump reward can prefer it although its rejections "
             f"make the chain stick: on the 3-parameter Ripley regression such runs had 0.63-0.82x the ESS per "
-            f"gradient of the other seeds (BENCHMARKS.md, \"A floor of two leapfrog steps\"). To rule it out "
+            f"gradient of the other seeds (docs/decisions.md; BENCHMARKS.md@036b7d1, \"A floor of two leapfrog steps\"). To rule it out "
             f"give {bound}: alone it keeps the automatic step sizes; with a box of your own, raise its lower "
             f"L bound to 2.")
 
@@ -692,8 +692,9 @@ def unrecorded_warmup_note(history: TuningHistory) -> str | None:
     return (f"the warm-up was not recorded, so rounds 1-{min(firsts) - 1}, where the tuner learns most, are missing: "
             "the arms and the reward surface below cover the later rounds only. That is no sign of failure. To keep "
             "it: pm.sample(..., discard_tuned_samples=False) or sample_numpyro_ahmc(..., discard_tuned_samples=False) "
-            "(PyMC); mcmc.warmup(key, ..., collect_warmup=True) before mcmc.run (NumPyro, README \"What did the tuner "
-            "do?\"); run_chains' info holds it already (BlackJAX).")
+            "(PyMC); in NumPyro mcmc.warmup(key, ..., collect_warmup=True), warmup = arviz.from_numpyro(mcmc), "
+            "mcmc.run(...), then history_from_numpyro(mcmc, warmup=warmup) (README, \"What did the tuner do?\"); "
+            "BlackJAX's run_chains and gpucb_adaptation info hold it already.")
 
 
 def tuning_warnings(history: TuningHistory) -> list[str]:

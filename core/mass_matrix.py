@@ -32,7 +32,7 @@ __all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "correlation_excess", "
            "shrink_correlations"]
 
 #: ``dense_mass="auto"`` keeps the dense estimate when :func:`correlation_excess` is at least this.
-#: On 15 benchmark models (d = 2-31, 800 pooled draws, benchmarks/results/dense_auto_excess.md) the
+#: On 15 benchmark models (d = 2-31, 800 pooled draws; docs/decisions.md, "dense_mass='auto'") the
 #: excess was 0.99-1.5 on four of the five where the dense matrix had lost to the diagonal (7.1 on
 #: the fifth, GARCH, where it later won 1.18x over two seeds) and 2.3-1570 on the ten where it won.
 DENSE_AUTO_THRESHOLD = 2.0

@@ -34,7 +34,7 @@ where a chain can stay stuck for hundreds of iterations at this step size,
 an event a 10-iteration round rarely sees but a whole run's ESS does.
 On posteriordb's gp_pois_regr one seed in five had a pooled chain stuck for
 143 draws without it; with kappa = 10 none of ten seeds did
-(benchmarks/results/gp_pois_regr_seeds_penalty.md).  Rounds without
+(docs/decisions.md, "The divergence penalty").  Rounds without
 divergences are unaffected.
 
 Adapters update a :class:`RoundStats` once per iteration; no draws are kept.
@@ -230,7 +230,7 @@ def step_jumps_estimate(jumps: StepJumps, min_num_steps=1) -> float:
     of the accept/reject coin and of the draw of ``l`` (lengths no trajectory of the round reached
     are left out).  For one chain's 10-transition rounds (PyMC) the tuner then ranks arms better:
     on Pima over 50 seeds its min ESS per gradient rose from 1.16x to 1.26x PyMC's NUTS
-    (README, "AHMC in PyMC").  NaN when no length ``>= lo`` was reached.
+    (docs/decisions.md, "AHMC in PyMC").  NaN when no length ``>= lo`` was reached.
     """
     low = max(int(min_num_steps), 1) - 1
     means = [total / count for total, count in zip(jumps.sums[low:], jumps.counts[low:]) if count > 0]
@@ -240,7 +240,7 @@ def step_jumps_estimate(jumps: StepJumps, min_num_steps=1) -> float:
 # The built-in objectives also take sums kept in Python numbers (``round_init(None)``) and then
 # return a Python float: an eager loop (PyMC) evaluates them once per round between leapfrog
 # trajectories that evict NumPy's code from the CPU caches, where their dozen 0-d array operations
-# cost about twice what a micro-benchmark shows (BENCHMARKS.md, "AHMC in PyMC").  The two helpers
+# cost about twice what a micro-benchmark shows (BENCHMARKS.md@036b7d1, "AHMC in PyMC").  The two helpers
 # below carry that choice; the objectives are written once for both.
 def _in_python(stats: RoundStats) -> bool:
     return type(stats.sum_squared_jump) is float  # not np.float64, a subclass of float
@@ -353,7 +353,7 @@ def check_objective(objective: Callable) -> None:
     """
     name = getattr(objective, "__name__", repr(objective))
     fix = ("objective must be a callable (stats: RoundStats, max_num_steps) -> float, finite on every "
-           "round (e.g. ahmc.core.normalized_esjd), or one of " + str(sorted(OBJECTIVES)))
+           "round (e.g. ahmc.core.objectives.normalized_esjd), or one of " + str(sorted(OBJECTIVES)))
     try:
         reward = objective(round_arrays(_TYPICAL_ROUND), 8)
         value = np.asarray(reward, dtype=float)

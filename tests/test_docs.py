@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = ["README.md", "BENCHMARKS.md", "docs/decisions.md"]
+DOCUMENTS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 # A Python format field left unfilled, alone on its line or inside a table cell.
 PLACEHOLDER = re.compile(r"^\s*\{[a-z_]+\}\s*$|\|\s*\{[a-z_]+\}\s*\|")
@@ -36,7 +36,7 @@ def test_relative_links_point_to_committed_files(name):
             if re.match(r"^[a-z]+:", target) or target.startswith("#"):
                 continue  # web address or in-page anchor
             path = target.split("#", 1)[0]
-            if not (ROOT / path).exists():
+            if not ((ROOT / name).parent / path).exists():  # relative to the document, as GitHub reads it
                 missing.append(f"{name}:{number}: {target}")
     assert not missing, "links to files that do not exist:\n" + "\n".join(missing)
 
@@ -54,3 +54,29 @@ def test_ci_runs_exactly_the_readme_test_command():
                    if line.strip() and not line.lstrip().startswith("#")]
     assert "./dev test" in ci_commands, ".ci/run must call the README's test command, ./dev test"
     assert re.search(r"^\./dev test\b", readme, re.MULTILINE), "the README must give ./dev test as the test command"
+
+
+def test_readme_stays_short_and_benchmarks_md_is_gone():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 320
+    assert not (ROOT / "BENCHMARKS.md").exists(), "decisions go to docs/decisions.md, results to docs/benchmarks.md"
+
+
+def test_results_tables_are_what_the_committed_runs_give():
+    """The README's and docs/benchmarks.md's tables are generated (benchmarks.headline), never hand-edited."""
+    from benchmarks.headline import DOCUMENTS as MARKED, MARKER, rewrite
+
+    for path in MARKED:
+        text = path.read_text()
+        assert MARKER.search(text), f"{path.name} has no results block"
+        assert rewrite(text) == text, f"{path.name}'s results tables are stale: run ./dev run python -m benchmarks.headline"
+
+
+def test_tracked_results_stay_small():
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    if not files:
+        pytest.skip("not a git checkout")
+    size = sum((ROOT / f).stat().st_size for f in files if (ROOT / f).exists())
+    assert len(files) <= 30 and size < 5e6, f"{len(files)} files, {size / 1e6:.1f} MB under benchmarks/results"

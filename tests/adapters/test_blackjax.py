@@ -26,7 +26,7 @@ from ahmc.adapters.blackjax import (  # noqa: E402
     run_chains,
     uniform_steps_hmc,
 )
-from ahmc.core import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
+from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
 
 from ..reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
 
@@ -173,7 +173,7 @@ def test_dense_mass_auto_keeps_the_dense_matrix_only_for_correlated_posteriors()
 def test_dense_mass_auto_shapes():
     """Above DENSE_AUTO_MAX_DIM "auto" is diagonal from the start; a given matrix's shape decides."""
     from ahmc.adapters import _jax_engine
-    from ahmc.core import DENSE_AUTO_MAX_DIM
+    from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM
 
     engine = _jax_engine.build_engine(standard_normal, num_warmup=100, dense_mass="auto")
     big = engine.init(initial_positions(1, DENSE_AUTO_MAX_DIM + 1))
@@ -601,7 +601,7 @@ def test_a_non_finite_reward_warns_and_the_run_goes_on():
     """A user reward that is NaN on long arms (finite on the typical round get_objective checks):
     one warning naming the objective, NaN rewards recorded, every draw finite. (Every other test
     checks that a finite reward never warns: pyproject.toml turns the warning into an error.)"""
-    from ahmc.core import normalized_esjd
+    from ahmc.core.objectives import normalized_esjd
 
     def nan_on_long_arms(stats, max_num_steps):
         return jnp.where(max_num_steps > 8, jnp.nan, normalized_esjd(stats, max_num_steps))
@@ -667,7 +667,7 @@ def test_trajectory_proposal_makes_blackjaxs_transition_and_reports_each_step():
 
 def test_trajectory_jump_estimate_is_the_cores():
     from ahmc.adapters._jax_engine import trajectory_jump_estimate
-    from ahmc.core import StepJumps, step_jumps_estimate
+    from ahmc.core.objectives import StepJumps, step_jumps_estimate
 
     rng = np.random.default_rng(4)
     sums, counts = rng.exponential(size=7), np.array([9, 7, 4, 4, 1, 0, 0])

@@ -12,7 +12,7 @@ pm = pytest.importorskip("pymc")
 from pymc.exceptions import SamplingError  # noqa: E402
 
 from ahmc.adapters.pymc import STATS, AdaptiveHMC  # noqa: E402
-from ahmc.core import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
+from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
 from tests.conventions.pymc_models import posteriordb_model  # noqa: E402
 from tests.reference import _mean_and_mcse, assert_moments_match, assert_reference_match, load_reference  # noqa: E402
 
@@ -416,7 +416,7 @@ def test_overflow_in_one_step_is_a_divergence_without_numpy_warnings():
 def test_user_objective_gets_arrays_and_matches_the_builtin_reward():
     """A built-in objective reads the round's sums in Python numbers, a user callable gets arrays
     (round_init's dtypes); the same reward gives the same rewards, arms and draws."""
-    from ahmc.core import normalized_esjd
+    from ahmc.core.objectives import normalized_esjd
 
     seen = []
 
@@ -622,7 +622,7 @@ def test_non_finite_initial_density_raises_sampling_error():
 def test_a_non_finite_reward_warns_and_the_run_goes_on():
     """A user reward that is NaN on long arms (finite on the typical round checked at construction):
     a warning, NaN rewards in the stats at those rounds, all draws kept and finite."""
-    from ahmc.core import normalized_esjd
+    from ahmc.core.objectives import normalized_esjd
 
     def nan_on_long_arms(stats, max_num_steps):
         return np.nan if max_num_steps > 8 else normalized_esjd(stats, max_num_steps)

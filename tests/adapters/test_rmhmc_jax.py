@@ -373,7 +373,7 @@ def test_funnel_10d_long():
     level 0) gave bulk ESS(v) 144-4581 and a share of converged solves of 0.66-1.00: the former
     floors (ESS 200, share 0.7) failed 4 of them. Eight chains pool twice the draws and average
     the chains' stuck stretches: over seeds 20-29 they gave ESS(v) 325-6525 and shares 0.71-0.99
-    (benchmarks/results/rmhmc_funnel_long_seeds.txt). The floors sit well below those: ESS >= 100
+    (study at commit 036b7d1 and before; outputs not kept). The floors sit well below those: ESS >= 100
     (the R-hat limit follows the ESS, ``reference.rhat_limit``) and more than half of the solves
     converged, which still catches a tuner living in failing arms.
     """

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from ahmc.core import gp_ucb, normalized_esjd, round_init, round_update, search_space
+from ahmc.core import gp_ucb, search_space
+from ahmc.core.objectives import normalized_esjd, round_init, round_update
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy

@@ -114,7 +114,7 @@ def test_eviction_drops_the_least_visited_then_oldest(space):
 
 def test_acquisition_is_the_ucb_with_the_standard_deviation(space):
     """u = s * mu + p_i * sqrt(beta_{i+1}) * sigma (sd, not variance), maximised over the grid."""
-    from ahmc.core import adapt_probability, ucb_beta
+    from ahmc.core.tuner import adapt_probability, ucb_beta
 
     rng = np.random.default_rng(5)
     tuner = gp_ucb(space, noise_variance=NOISE, lengthscale=LENGTHSCALE)

@@ -4,7 +4,7 @@ correlation_excess / prefers_dense decide dense_mass="auto"."""
 import numpy as np
 import pytest
 
-from ahmc.core import correlation_excess, prefers_dense, shrink_correlations
+from ahmc.core.mass_matrix import correlation_excess, prefers_dense, shrink_correlations
 
 
 def test_variances_kept_and_correlations_shrunk_by_the_documented_weight():

@@ -1,22 +1,10 @@
 import numpy as np
 import pytest
 
-from ahmc.core import (
-    OBJECTIVES,
-    esjd,
-    esjd_moments,
-    esjd_per_gradient,
-    get_objective,
-    needs_center,
-    normalized_esjd,
-    round_arrays,
-    round_init,
-    round_update,
-    step_jumps_estimate,
-    step_jumps_init,
-    step_jumps_update,
-    with_divergence_penalty,
-)
+from ahmc.core.objectives import (OBJECTIVES, esjd, esjd_moments, esjd_per_gradient, get_objective,
+                                  needs_center, normalized_esjd, round_arrays, round_init, round_update,
+                                  step_jumps_estimate, step_jumps_init, step_jumps_update,
+                                  with_divergence_penalty)
 
 
 def test_zero_step_gives_zero_jump():

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from ahmc.core import check_min_steps_fraction, min_num_steps, search_space
+from ahmc.core.space import check_min_steps_fraction, min_num_steps
+from ahmc.core import search_space
 
 
 def test_grid_shape_and_end_points():

@@ -3,7 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from ahmc.core import TunerState, adapt_probability, gp_ucb, search_space, ucb_beta
+from ahmc.core import TunerState, gp_ucb, search_space
+from ahmc.core.tuner import adapt_probability, ucb_beta
 
 from .surfaces import bump_surface, grid_maximum, run_tuner
 

@@ -1,0 +1,166 @@
+"""The headline tables on the strict metric, written into the README and docs/benchmarks.md.
+
+    ./dev run python -m benchmarks.headline benchmarks/results/bench_quick.json [more.json ...]
+
+The strict ESS of a run is the minimum over coordinates of the smaller of the bulk ESS of ``x`` and
+of ``(x - mean)^2``. Per gradient it is divided by every gradient of the run, warm-up included;
+per second by the run's total wall time: compilation, warm-up and sampling. Each AHMC route is
+compared with the best peer of its framework in the same run: NumPyro's NUTS in the better of its
+two chain methods for the JAX routes, PyMC's NUTS and nutpie for the PyMC routes, and the best of
+every NUTS per gradient.
+
+A document marks where a run's tables go with ``<!-- results NAME -->`` and ``<!-- /results -->``
+lines, NAME the results file's stem (``bench_quick``); the benchmark rewrites what lies between
+(``update_documents``), so no number in the docs is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+RESULTS = ROOT / "benchmarks" / "results"
+MARKER = re.compile(r"(<!-- results (\w+) -->\n)(.*?)(<!-- /results -->)", re.S)
+
+# (AHMC route, the peers it is measured against per second); per gradient the peer is every NUTS.
+ROUTES = {
+    "ahmc_numpyro": ("numpyro_nuts", "numpyro_nuts_vectorized"),
+    "ahmc_blackjax": ("numpyro_nuts", "numpyro_nuts_vectorized", "blackjax_nuts"),
+    "ahmc_pymc": ("pymc_nuts", "nutpie"),
+    "ahmc_pymc_jax": ("pymc_nuts", "nutpie"),
+}
+ALL_NUTS = ("numpyro_nuts", "numpyro_nuts_vectorized", "blackjax_nuts", "pymc_nuts", "nutpie")
+
+
+def strict_ess(record: dict) -> float:
+    metrics = record["metrics"]
+    return min(metrics["ess_bulk"]["min"], metrics.get("ess_bulk_squares", {}).get("min", math.inf))
+
+
+def total_wall_s(record: dict) -> float:
+    timing = record["timing"]
+    return timing.get("compile_s", 0.0) + timing["warmup_s"] + timing["sampling_s"]
+
+
+def per_gradient(record: dict) -> float:
+    grads = record["metrics"]["grads"]
+    return strict_ess(record) / (grads["warmup"] + grads["sampling"])
+
+
+def per_second(record: dict) -> float:
+    return strict_ess(record) / total_wall_s(record)
+
+
+def _runs(results: dict) -> dict:
+    return {(r["model"], r["sampler"]): r for r in results["runs"] if r["status"] == "ok"}
+
+
+def _best(runs: dict, model: str, names, score) -> tuple[float | None, str | None]:
+    scored = [(score(runs[model, n]), n) for n in names if (model, n) in runs]
+    scored = [s for s in scored if math.isfinite(s[0])]
+    return max(scored) if scored else (None, None)
+
+
+def _ratio(mine: float | None, theirs: float | None) -> float | None:
+    return mine / theirs if mine is not None and theirs else None
+
+
+def _cell(value, suffix="", digits=3) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}g}{suffix}"
+
+
+def _geomean(values) -> float | None:
+    values = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def route_rows(results: dict, route: str) -> list[dict]:
+    """One row per model where ``route`` ran: its strict figures and ratios against its peers."""
+    runs, rows = _runs(results), []
+    for model in results["models"]:
+        if (model, route) not in runs:
+            continue
+        mine = runs[model, route]
+        peer_s, peer = _best(runs, model, ROUTES[route], per_second)
+        nuts_g, nuts = _best(runs, model, ALL_NUTS, per_gradient)
+        peer_compile = runs[model, peer]["timing"].get("compile_s") if peer else None
+        rows.append({"model": model, "dim": results["models"][model]["dim"],
+                     "per_second": per_second(mine), "peer": peer, "peer_per_second": peer_s,
+                     "ratio_second": _ratio(per_second(mine), peer_s),
+                     "per_gradient": per_gradient(mine), "nuts": nuts, "nuts_per_gradient": nuts_g,
+                     "ratio_gradient": _ratio(per_gradient(mine), nuts_g),
+                     "compile_s": mine["timing"].get("compile_s"), "peer_compile_s": peer_compile,
+                     "rhat": mine["metrics"]["rhat_max"]})
+    return rows
+
+
+def route_table(results: dict, route: str) -> list[str]:
+    rows = route_rows(results, route)
+    if not rows:
+        return []
+    lines = [f"**{route}**", "",
+             "| model | d | strict ESS/s | best peer per second | ratio | strict ESS/grad | best NUTS per gradient "
+             "| ratio | compile s (peer) | max R-hat |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['dim']} | {_cell(r['per_second'])} | {_cell(r['peer_per_second'])} ({r['peer']}) "
+            f"| {_cell(r['ratio_second'], 'x', 2)} | {_cell(r['per_gradient'])} | "
+            f"{_cell(r['nuts_per_gradient'])} ({r['nuts']}) | {_cell(r['ratio_gradient'], 'x', 2)} | "
+            f"{_cell(r['compile_s'], '', 2)} ({_cell(r['peer_compile_s'], '', 2)}) | {r['rhat']:.3f} |")
+    second, gradient = (_geomean(r[k] for r in rows) for k in ("ratio_second", "ratio_gradient"))
+    losses = [f"{r['model']} {r['ratio_second']:.2f}x" for r in rows
+              if r["ratio_second"] is not None and r["ratio_second"] < 1]
+    lines += ["", f"Geometric mean: {_cell(second, 'x', 2)} per second, {_cell(gradient, 'x', 2)} per gradient. "
+              + (f"Behind its peer per second on {len(losses)} of {len(rows)}: {', '.join(losses)}."
+                 if losses else f"Ahead of its peer per second on all {len(rows)} models."), ""]
+    return lines
+
+
+def headline_markdown(json_path: Path) -> str:
+    """The tables of one results file (or a line saying none is committed)."""
+    json_path = Path(json_path)
+    if not json_path.exists():
+        return f"No `{json_path.name}` is committed yet: `./dev bench` writes it.\n"
+    results = json.loads(json_path.read_text())
+    env, settings = results["environment"], results["settings"]
+    lines = [f"`{json_path.name}`: {results['mode']} mode, {str(env['date_utc'])[:10]}, commit "
+             f"`{str(env['git_commit'])[:7]}`, seed {env['seed']}, {settings['num_chains']} chains x "
+             f"({settings['num_warmup']} warm-up + {settings['num_samples']} draws), {settings['dtype']}, "
+             f"{env['cpu_model']} with {env['nproc']} cores; `{_command(env['command'])}`. "
+             "Strict ESS: min over coordinates of min(bulk ESS of x, of (x - mean)^2); per gradient with "
+             "warm-up counted, per second of total wall time with compilation.", ""]
+    for route in ROUTES:
+        lines += route_table(results, route)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _command(command: str) -> str:
+    return re.sub(r"\S*/benchmarks/results/", "benchmarks/results/", command)
+
+
+def rewrite(text: str, results_dir: Path = RESULTS) -> str:
+    """``text`` with every marked block replaced by its results file's tables."""
+    return MARKER.sub(lambda m: m.group(1) + headline_markdown(results_dir / f"{m.group(2)}.json") + m.group(4), text)
+
+
+def update_documents(documents=DOCUMENTS, results_dir: Path = RESULTS) -> list[Path]:
+    changed = []
+    for path in documents:
+        text = path.read_text()
+        new = rewrite(text, results_dir)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":
+    for argument in sys.argv[1:]:
+        print(headline_markdown(Path(argument)))
+    print("updated:", *update_documents())
