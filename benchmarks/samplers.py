@@ -397,7 +397,7 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
     if getattr(state, "box", None) is not None and hasattr(info, "_asdict"):
         keep = {"tuning": {"info": {k: np.asarray(v) for k, v in info._asdict().items()},
                            "search_box": (np.asarray(state.box.step_size), np.asarray(state.box.num_steps)),
-                           "options": resolved}}
+                           "options": dict(options)}}
     return SamplerRun(
         draws=draws,
         num_grads_warmup=grads_warmup,
