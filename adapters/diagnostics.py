@@ -109,9 +109,9 @@ def history_from_datatree(tree, *, config=None, names: Mapping | None = None,
     ``sample_stats``.  ``config`` (a TuningConfig, dict or JSON) overrides the
     ``ahmc_config`` attribute; ``names`` maps canonical fields to stat names
     (see :func:`ahmc.core.diagnostics.tuning_history`).  ``var_names``: the posterior variables the
-    correlation and variance hints look at (default: the JSON attribute ``ahmc_free_vars`` if present, else all;
-    give the free variables so that a ``pm.Deterministic`` of a sampled variable is not reported as
-    a strong posterior correlation).
+    correlation and variance hints look at (default: the JSON attribute ``ahmc_free_vars`` if present, else,
+    inside a PyMC model's ``with`` block, its free variables, else all: a ``pm.Deterministic`` of a sampled
+    variable would otherwise be reported as a strong posterior correlation).
 
     Examples
     --------
@@ -138,8 +138,23 @@ def history_from_datatree(tree, *, config=None, names: Mapping | None = None,
     history = tuning_history(stats, config=config, names=names, is_warmup=flags)
     if var_names is None:
         free = _attr(FREE_VARS_ATTR, tree, main, _child(tree, "posterior"))
-        var_names = json.loads(free) if free is not None else None
+        var_names = json.loads(free) if free is not None else _free_variables_in_model_context()
     return _with_draws(history, stats, _posterior_columns(_child(tree, "posterior"), var_names))
+
+
+def _free_variables_in_model_context():
+    """The free variables of the PyMC model whose ``with`` block we are in (None outside one, or without
+    PyMC): ``pm.sample``'s DataTree does not say which posterior variables are ``pm.Deterministic``s."""
+    import sys
+
+    if "pymc" not in sys.modules:
+        return None
+    pymc = sys.modules["pymc"]
+    try:
+        model = pymc.modelcontext(None)
+    except TypeError:  # no model on the context stack
+        return None
+    return [rv.name for rv in model.free_RVs]
 
 
 def _with_draws(history: TuningHistory, stats, columns) -> TuningHistory:

@@ -256,6 +256,11 @@ def plot_tuning(history: TuningHistory, *, tuner: int = 0, config=None, figsize=
     else:
         _draw_surface(surface, surrogate, history, tuner)
         _draw_slice((slice_top, slice_bottom), surrogate, history, tuner, "step_size", None)
+    if history.num_tuners > 1:  # one tuner per chain: the surface panels show one of them
+        chain = history.tuner_chains[tuner][0]
+        surface.set_title(f"Learned reward surface: chain {chain}")
+        figure.suptitle(f"One tuner per chain ({history.num_tuners}): the surface and slice are chain {chain}'s "
+                        f"(plot_tuning(history, tuner=t) for another); the traces show every chain.", fontsize="medium")
     plot_arm_trace(history, axes=(trace_top, trace_bottom))
     plot_adapt_probability(history, tuner=None if history.num_tuners <= 4 else tuner, ax=annealing)
     return figure

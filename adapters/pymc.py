@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 import pickle
 import warnings
+import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -320,6 +322,7 @@ class AdaptiveHMCState(BaseHMCState):
     _step_jumps: Any  # core StepJumps of the running round (jump_estimate="trajectory")
 
 
+_PROGRESS_STATS = ("divergences", "step_size", "max_steps", "n_steps")
 # The Config options the PyMC step reads, in the order AdaptiveHMC.__init__ unpacks them.
 _PYMC_OPTIONS = ("step_size_bounds", "num_steps_bounds", "round_length", "objective", "divergence_penalty",
                  "jump_estimate", "schedule", "k", "decay", "freeze_after", "adapt_mass_matrix", "initial_step_size",
@@ -435,8 +438,26 @@ class AdaptiveHMC(BaseHMC):
     default_blocked = True
     stats_dtypes_shapes = {name: (dtype, shape) for name, dtype, shape, _ in STATS}
     _state_class = AdaptiveHMCState
-    _progressbar_config = staticmethod(HamiltonianMC._progressbar_config)
-    _make_progressbar_update_functions = staticmethod(HamiltonianMC._make_progressbar_update_functions)
+    @staticmethod
+    def _progressbar_config(n_chains=1):
+        """PyMC's progress-bar columns: NUTS's (divergences, step size, gradients) plus the arm's ``L``."""
+        from rich.progress import TextColumn
+        from rich.table import Column
+
+        columns = [
+            TextColumn("{task.fields[divergences]}", table_column=Column("Divergences", ratio=1)),
+            TextColumn("{task.fields[step_size]:0.3f}", table_column=Column("Step size", ratio=1)),
+            TextColumn("{task.fields[max_steps]}", table_column=Column("L", ratio=1)),
+            TextColumn("{task.fields[n_steps]}", table_column=Column("Grad evals", ratio=1)),
+        ]
+        return columns, {name: [0] * n_chains for name in _PROGRESS_STATS}
+
+    @staticmethod
+    def _make_progressbar_update_functions():
+        def update_stats(stats):
+            return {name: stats[name] for name in _PROGRESS_STATS} | {"failing": stats["divergences"] > 0}
+
+        return (update_stats,)
 
     def __new__(cls, *args, pooled=False, **kwargs):
         # pooled=True: a population step method, so that PyMC steps the chains together (see _PooledChains).
@@ -900,6 +921,24 @@ class _SharedDiagAdapt(_WarmupDiagAdapt):
             self._background_var.add_sample(sample)
 
 
+_POOLED_STEPS: "weakref.WeakSet" = weakref.WeakSet()  # live AdaptiveHMC(pooled=True) steps
+POOLED_CORES_MESSAGE = ("AdaptiveHMC(pooled=True) steps the chains together in one process with one shared tuner, so "
+                        "cores does not apply; pooled=False gives each chain its own tuner, in parallel processes.")
+
+
+class _PooledCoresAdvice(logging.Filter):
+    """PyMC's population sampler advises ``cores=n`` for chains stepped in one process; pooled chains must
+    stay in one process, so while a pooled step exists that advice is replaced by what is true for it."""
+
+    def filter(self, record):
+        if _POOLED_STEPS and str(record.msg).startswith("Chains are not parallelized"):
+            record.msg, record.args = POOLED_CORES_MESSAGE, ()
+        return True
+
+
+logging.getLogger("pymc.sampling.population").addFilter(_PooledCoresAdvice())
+
+
 class _PooledChains:
     """``AdaptiveHMC(pooled=True)``: one tuner, one step-size adaptation and one diagonal mass matrix
     for all chains.
@@ -917,6 +956,7 @@ class _PooledChains:
     def __init__(self, *args, **kwargs):
         self._pool = _ChainPool()
         super().__init__(*args, **kwargs)
+        _POOLED_STEPS.add(self)
         if not _samples_every_variable(self):
             # PyMC steps a population step's chains from shallow copies of every step of the compound, so a
             # partner step (Metropolis, ...) would share its tuning state between the chains and stop moving.

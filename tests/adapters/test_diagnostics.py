@@ -265,6 +265,43 @@ def test_datatree_history_reads_the_posterior_correlation(numpyro_run):
     assert "Hint:" not in tuning_summary(dense)
 
 
+def test_inside_a_pymc_model_the_correlation_hint_skips_its_deterministics(numpyro_run):
+    """pm.sample's tree does not say which variables are Deterministics: inside the model's block the
+    history reads the model's free variables, so x is not paired with its own x_twice."""
+    pm = pytest.importorskip("pymc")
+    mcmc, tree = numpyro_run
+    x = np.random.default_rng(2).normal(size=(2, 100))
+    tree = tree.copy()
+    tree["posterior"] = xr.Dataset({"x": (("chain", "draw"), x), "x_twice": (("chain", "draw"), 2 * x),
+                                    "y": (("chain", "draw"), x[::-1])})
+    config = config_from_numpyro(mcmc)
+    assert "Hint: posterior correlation +1.00 between x and x_twice" in tuning_summary(
+        history_from_datatree(tree, config=config))
+    with pm.Model():
+        pm.Normal("x")
+        pm.Normal("y")
+        pm.Deterministic("x_twice", 2 * pm.math.constant(1.0))
+        history = history_from_datatree(tree, config=config)
+    assert "x_twice" not in tuning_summary(history)
+
+
+def test_plot_tuning_with_a_tuner_per_chain_names_the_chain_it_shows():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from ahmc.adapters import plots
+    from ahmc.core.diagnostics import tuning_history
+
+    rounds = np.repeat(np.arange(1, 6), 10)
+    stats = {"step_size": np.stack([np.full(50, 0.1), np.full(50, 0.2)]),
+             "max_steps": np.stack([np.full(50, 8), np.full(50, 5)]),
+             "tuning_round": np.stack([rounds, rounds]),
+             "reward": np.where(np.arange(50) % 10 == 9, 0.5, np.nan)[None].repeat(2, 0)}
+    history = tuning_history(stats)
+    assert history.num_tuners == 2
+    figure = plots.plot_tuning(history, tuner=1)
+    assert "chain 1's" in figure.get_suptitle()
+
+
 def test_slowest_square_finds_a_chain_that_flips_the_sign_and_the_summary_says_so(numpyro_run):
     """Draws x' = -0.95 x + noise: the coordinate mixes well (negative autocorrelation), its square badly."""
     from ahmc.adapters.diagnostics import slowest_square

@@ -641,3 +641,26 @@ def test_a_non_finite_reward_warns_and_the_run_goes_on():
     assert np.all(np.isfinite(idata.posterior["x"].values)) and idata.posterior["x"].shape[1] == 100
     with pytest.raises(ValueError, match="objective .* returned nan"):
         AdaptiveHMC(objective=lambda stats, max_num_steps: np.nan, model=gaussian_model())
+
+
+def test_progress_bar_shows_step_size_and_L_like_nuts():
+    columns, stats = AdaptiveHMC._progressbar_config(2)
+    headers = [column.get_table_column().header for column in columns]
+    assert headers == ["Divergences", "Step size", "L", "Grad evals"] and set(stats) == {
+        "divergences", "step_size", "max_steps", "n_steps"}
+    (update,) = AdaptiveHMC._make_progressbar_update_functions()
+    shown = update({"divergences": 2, "step_size": 0.3, "max_steps": 7, "n_steps": 5, "reward": 1.0})
+    assert shown == {"divergences": 2, "step_size": 0.3, "max_steps": 7, "n_steps": 5, "failing": True}
+
+
+def test_pooled_step_replaces_pymcs_cores_advice(caplog):
+    import logging
+
+    from ahmc.adapters.pymc import POOLED_CORES_MESSAGE
+
+    with gaussian_model(), caplog.at_level(logging.INFO, logger="pymc"):
+        pm.sample(step=AdaptiveHMC(pooled=True), tune=60, draws=20, chains=2, cores=1, progressbar=False,
+                  random_seed=1, compute_convergence_checks=False)
+    messages = [record.getMessage() for record in caplog.records]
+    assert POOLED_CORES_MESSAGE in messages
+    assert not any(m.startswith("Chains are not parallelized") for m in messages)
