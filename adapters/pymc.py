@@ -111,7 +111,7 @@ STATS = (
     ("n_steps", np.int64, [], "leapfrog steps (gradient evaluations) taken"),
     ("max_steps", np.int64, [], "L of the arm: n_steps is uniform on {lowest..max_steps}, lowest = "
                                 "max(1, ceil(min_steps_fraction * max_steps)) (1 by default)"),
-    ("accept", np.float64, [], "Metropolis acceptance probability"),
+    ("acceptance_rate", np.float64, [], "Metropolis acceptance probability (PyMC NUTS's name)"),
     ("accepted", np.float64, [], "1.0 if the proposal was accepted (float, like Metropolis)"),
     ("diverging", bool, [], "the trajectory diverged"),
     ("divergences", np.int64, [], "divergences after tune so far"),
@@ -722,7 +722,7 @@ class AdaptiveHMC(BaseHMC):
             previous, position = whiten(previous), whiten(position)
         else:
             center = self.potential._foreground_var.mean if self._uses_center else None
-        round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["accept"],
+        round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["acceptance_rate"],
                                    stats["diverging"], scale, center)
         out = self._round_settings()[4]  # copied by the caller's stats.update
         if self._step_values is not None:
@@ -782,7 +782,7 @@ class AdaptiveHMC(BaseHMC):
                 self.integrator.previous_end = end  # the next iteration starts here
             self._step_values = None if trajectory is None else self._trajectory_values(start, trajectory, n_steps)
         self._used = {"step_size": float(step_size), "max_steps": int(max_steps)}
-        stats = {"n_steps": taken, "accept": accept, "accepted": float(accepted), "energy_error": energy_change,
+        stats = {"n_steps": taken, "acceptance_rate": accept, "accepted": float(accepted), "energy_error": energy_change,
                  "energy": end.energy, "model_logp": end.model_logp}
         return HMCStepData(end, accept, div_info, stats)
 

@@ -635,8 +635,9 @@ def save_tuning(tuning: dict[str, Any], output: Path) -> Path:
 
 
 def write_json(results: dict[str, Any], path: Path) -> None:
+    """Compact JSON (the committed results stay small: docs/benchmarks.md)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1, default=_json_default, allow_nan=True) + "\n")
+    path.write_text(json.dumps(results, separators=(",", ":"), default=_json_default, allow_nan=True) + "\n")
 
 
 def _json_default(value):

@@ -713,7 +713,7 @@ def run_ahmc_pymc(rng_key, model, positions, num_warmup, num_samples, **options)
     extra = {
         "final_step_size": _as_float_list(stats["step_size"].values[:, -1]),
         "final_num_steps": _as_float_list(stats["max_steps"].values[:, -1]),
-        "mean_acceptance": _as_float_list(stats["accept"].values.mean(axis=1)),
+        "mean_acceptance": _as_float_list(stats["acceptance_rate"].values.mean(axis=1)),
         "rounds": _as_float_list(stats["tuning_round"].values.max(axis=1)),
         "arm_changes": _as_float_list(warm_changes + stats["arm_changed"].values.sum(axis=1)),
     }
