@@ -160,3 +160,28 @@ def test_carried_metric_is_blackjax_dense_metric_without_the_factorisation():
     state = engine.init(jnp.zeros((2, 6)), jax.random.key(0))
     lowered = jax.jit(lambda k, s: engine.step(k, s, sampling=True)).lower(jax.random.key(1), state).as_text()
     assert "cholesky" not in lowered.lower()
+
+
+def test_run_chains_one_program_draws_what_the_two_phases_draw():
+    """run_chains compiles initial state, warm-up and draws as one program: the same keys and draws as the
+    engine's phases run one by one (eager initial state, the warm-up scan, scan_draws)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ahmc.adapters import _jax_engine
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0])) ** 2)
+
+    positions = jnp.array([[0.5, -1.0], [1.0, 2.0], [-0.3, 0.1]])
+    key = jax.random.key(11)
+    samples, info, _ = _jax_engine.sample(key, logdensity, positions, 60, 40)
+    engine = _jax_engine.build_engine(logdensity, num_warmup=60)
+    init_key, warm_key, sample_key = jax.random.split(key, 3)
+    state = engine.init(positions, init_key)
+    state, warm_info = _jax_engine._scan(engine.step, warm_key, state, 60, False)
+    state, (draws, sample_info) = _jax_engine._scan_draws(engine, sample_key, state, 40, 60)
+    np.testing.assert_allclose(np.asarray(samples), np.swapaxes(np.asarray(draws), 0, 1), rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(np.asarray(info.num_integration_steps),
+                                  np.concatenate([np.asarray(warm_info.num_integration_steps),
+                                                  np.asarray(sample_info.num_integration_steps)]))
