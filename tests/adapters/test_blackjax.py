@@ -631,7 +631,7 @@ def test_trajectory_proposal_makes_blackjaxs_transition_and_reports_each_step():
     import blackjax.mcmc.integrators as integrators
     import blackjax.mcmc.metrics as metrics
 
-    from ahmc.adapters._jax_engine import trajectory_proposal
+    from ahmc.adapters._jax_kernel import trajectory_proposal
 
     variances = jnp.asarray([1.0, 0.5, 2.0, 1.0, 4.0, 1.0])  # not the target's: acceptance < 1
     start = hmc.init(jnp.asarray([0.5, -3.0, 0.02, 1.0, -0.4, 0.3]), standard_normal)
@@ -666,7 +666,7 @@ def test_trajectory_proposal_makes_blackjaxs_transition_and_reports_each_step():
 
 
 def test_trajectory_jump_estimate_is_the_cores():
-    from ahmc.adapters._jax_engine import trajectory_jump_estimate
+    from ahmc.adapters._jax_rounds import trajectory_jump_estimate
     from ahmc.core.objectives import StepJumps, step_jumps_estimate
 
     rng = np.random.default_rng(4)
@@ -686,7 +686,7 @@ def test_trajectory_jump_estimate_is_the_cores():
 def test_step_bins_cover_every_length_once(num_bins, max_steps, min_steps):
     """Each length ``min_steps..L`` lies in exactly one bin, the bin :func:`step_bin` puts its step in;
     while ``L`` fits the vector the bins are the lengths themselves."""
-    from ahmc.adapters._jax_engine import step_bin, step_bin_widths
+    from ahmc.adapters._jax_kernel import step_bin, step_bin_widths
 
     steps = np.arange(min_steps - 1, max_steps)
     bins = np.asarray([int(step_bin(jnp.asarray(i), jnp.asarray(max_steps), num_bins)) for i in steps])
@@ -705,7 +705,8 @@ def test_binned_jump_estimate_is_the_per_length_one_when_lengths_are_reached_ali
     """Binned sums of a round in which every length was reached equally often give the per-length
     estimate exactly (each bin's mean is then its lengths' mean, weighted by its width); with the
     long lengths reached less often the two differ by little."""
-    from ahmc.adapters._jax_engine import step_bin, trajectory_jump_estimate
+    from ahmc.adapters._jax_kernel import step_bin
+    from ahmc.adapters._jax_rounds import trajectory_jump_estimate
 
     rng = np.random.default_rng(8)
     max_steps, num_bins = 150, 64
@@ -734,7 +735,7 @@ def test_trajectory_proposal_bins_the_steps_of_a_long_arm():
     the lowest length of the arm's jitter to none."""
     import blackjax.mcmc.hmc as hmc
 
-    from ahmc.adapters._jax_engine import step_bin, trajectory_proposal
+    from ahmc.adapters._jax_kernel import step_bin, trajectory_proposal
 
     start = hmc.init(jnp.asarray([0.5, -1.0, 0.2]), standard_normal)
     key, step_size, num_steps, max_steps, num_bins = jax.random.key(2), 0.3, 9, 12, 4

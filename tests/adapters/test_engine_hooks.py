@@ -143,7 +143,7 @@ def test_carried_metric_is_blackjax_dense_metric_without_the_factorisation():
     factorises the matrix in every transition where it cannot be moved out of the loop)."""
     from blackjax.mcmc import metrics
 
-    from ahmc.adapters._jax_engine import carried_metric, inverse_cholesky
+    from ahmc.adapters._jax_kernel import carried_metric, inverse_cholesky
 
     a = np.random.default_rng(0).normal(size=(6, 6))
     imm = jnp.asarray(a @ a.T / 6 + 0.1 * np.eye(6), jnp.float32)

@@ -20,7 +20,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from numpyro.infer import MCMC  # noqa: E402
 
-from ahmc.adapters._jax_engine import WindowStats, _warn_host, climbing, far_below, lost_chains  # noqa: E402
+from ahmc.adapters._jax_warmup import WindowStats, _warn_host, climbing, far_below, lost_chains  # noqa: E402
 from ahmc.adapters.blackjax import run_chains  # noqa: E402
 from ahmc.adapters.numpyro import AdaptiveHMC  # noqa: E402
 
@@ -112,7 +112,7 @@ def test_lost_chains_rule():
 @pytest.mark.slow  # ~16 s; default run under 15 min (2026-11-28)
 def test_the_engine_gives_the_rule_its_deadline(monkeypatch):
     """The warm-up's chain checks pass the metric-phase iterations left, so slow arrivals count as lost."""
-    from ahmc.adapters import _jax_engine
+    from ahmc.adapters import _jax_warmup
 
     deadlines = []
 
@@ -120,7 +120,7 @@ def test_the_engine_gives_the_rule_its_deadline(monkeypatch):
         deadlines.append(remaining)
         return lost_chains(window, logdensity, remaining)
 
-    monkeypatch.setattr(_jax_engine, "lost_chains", spy)
+    monkeypatch.setattr(_jax_warmup, "lost_chains", spy)
     run_chains(jax.random.key(5), lambda x: -0.5 * jnp.sum(x**2), trapped_start(4), 200, 10)
     assert deadlines and all(remaining is not None for remaining in deadlines)
 
@@ -141,7 +141,7 @@ def test_early_warmup_ignores_a_trapped_chain_and_caps_the_trajectories():
     initial identity metric asked for L = 200 per iteration until the first window."""
     from blackjax.adaptation.window_adaptation import build_schedule
 
-    from ahmc.adapters._jax_engine import EARLY_MAX_STEPS
+    from ahmc.core.schedule import EARLY_MAX_STEPS
 
     num_warmup = 400
     first_window_end = int(np.argmax(np.asarray(build_schedule(num_warmup // 2))[:, 1]))  # metric_fraction 0.5

@@ -1,0 +1,301 @@
+"""The engine's GP-UCB rounds: the arm in the search box, a round's sums, its reward and the tuner's update.
+
+Every iteration adds the chains' whitened squared jumps to the round's running sums
+(:func:`ahmc.core.objectives.round_update`; with ``jump_estimate="trajectory"`` also every
+leapfrog step's, :func:`trajectory_jump_estimate`).  At a round's end the reward (the objective
+of the round's sums, or a ``round_end_fn`` hook's value from the round's draws) updates the core
+tuner: once, with the chain-mean reward and weight ``C`` (pooled), or per chain.  :func:`build_rounds`
+returns these as functions of the engine's state; the engine decides when a round ends.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from ahmc.core import RoundStats
+from ahmc.core.objectives import NONFINITE_REWARD_MESSAGE, round_init, round_update
+from ahmc.core.space import min_num_steps
+
+from ._jax_kernel import step_bin_widths
+
+__all__ = ["Rounds", "build_rounds", "TrajectoryRoundStats", "trajectory_jump_estimate"]
+
+
+class TrajectoryRoundStats(NamedTuple):
+    """A round's sums with ``jump_estimate="trajectory"``: the made jumps' (``stats``) and, per
+    length ``l``, the sum of ``a_l J_l`` over the trajectories that reached it and their count."""
+
+    stats: RoundStats
+    step_sums: Any
+    step_counts: Any
+
+
+def trajectory_jump_estimate(step_sums, step_counts, min_num_steps, max_steps=None):
+    """:func:`ahmc.core.objectives.step_jumps_estimate` on arrays: the mean over lengths ``>= min_num_steps``
+    that the round reached of the per-length mean of ``a_l J_l`` (NaN when none was reached).
+    With ``max_steps`` (the round's ``L``) longer than the vectors, their entries are
+    :func:`step_bin`'s bins, each mean weighted by the number of lengths in its bin (``None``: the
+    vectors' length, one entry per length)."""
+    num_bins = step_sums.shape[-1]
+    arm = num_bins if max_steps is None else max_steps
+    widths = step_bin_widths(num_bins, arm, min_num_steps).astype(step_sums.dtype)
+    reached = (step_counts > 0) & (widths > 0)
+    means = jnp.where(reached, step_sums / jnp.maximum(step_counts, 1), 0.0)
+    weight = jnp.sum(jnp.where(reached, widths, 0.0))
+    return jnp.where(weight > 0, jnp.sum(widths * means) / jnp.maximum(weight, 1), jnp.nan)
+
+def _warn_nonfinite_reward(flag):
+    jax.debug.callback(_warn_nonfinite_reward_host, flag)
+
+
+def _warn_nonfinite_reward_host(flag=True):
+    if not np.any(flag):
+        return
+    warnings.warn(NONFINITE_REWARD_MESSAGE, UserWarning, stacklevel=2)
+
+
+class Rounds(NamedTuple):
+    """The GP-UCB rounds of the engine (:func:`build_rounds`); every function takes and returns arrays.
+
+    arm(tuner_state, box) -> (step_size, L)        the tuner's current arm in the (traced) box
+    chain_arms(tuner_state, box, C) -> ((C,), (C,)) every chain's arm (one tuner, or one per chain)
+    fresh(C, dtype)                                 empty round sums, one per chain
+    add(stats, old, new, num, info, imm, whitening, center)  the iteration's jumps added
+    close(operand, arm_l, key_tuner, ...)           a round's end: reward, tuner update, fresh sums
+    finish(state, rng_key)                          the round's end after ``round_end="never"``
+    segmented(inner, state, blocks)                 whole rounds of a pooled tuner after warm-up
+    length(tuner_state, box, key)                   iterations of a super-transition round
+    """
+
+    arm: Callable
+    chain_arms: Callable
+    fresh: Callable
+    add: Callable
+    close: Callable
+    finish: Callable
+    segmented: Callable
+    length: Callable
+
+
+def _flat(positions):
+    return jax.vmap(lambda p: ravel_pytree(p)[0])(positions)
+
+
+def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, num_step_values: int,
+                 min_steps_fraction: float, objective_fn: Callable, round_end_fn: Callable | None,
+                 exploit_after_warmup: bool, num_warmup_rounds: int, super_transitions: int | None) -> Rounds:
+    """The rounds of ``tuner`` (:func:`ahmc.core.gp_ucb`) over a box whose ``eps`` grid is log-spaced if ``log_grid``."""
+    space = tuner.space
+    unit_eps, unit_l, num_l_grid = jnp.asarray(space.step_size_unit), jnp.asarray(space.num_steps_unit), space.shape[1]
+
+    def arm(tuner_state, box):
+        u_eps = unit_eps[tuner_state.arm // num_l_grid].astype(box.step_size.dtype)
+        u_l = unit_l[tuner_state.arm % num_l_grid]
+        lo, hi = box.step_size[0], box.step_size[1]
+        if log_grid:
+            eps = jnp.exp(jnp.log(lo) + u_eps * (jnp.log(hi) - jnp.log(lo)))
+        else:
+            eps = lo + u_eps * (hi - lo)
+        l_lo, l_hi = box.num_steps[0], box.num_steps[1]
+        steps = jnp.round(l_lo + u_l * (l_hi - l_lo)).astype(jnp.int32)
+        return eps, jnp.maximum(steps, 1)
+
+    def chain_arms(tuner_state, box, num_chains):
+        if pooled:
+            eps, steps = arm(tuner_state, box)
+            return jnp.broadcast_to(eps, (num_chains,)), jnp.broadcast_to(steps, (num_chains,))
+        return jax.vmap(arm, in_axes=(0, None))(tuner_state, box)
+
+    def length(tuner_state, box, key):
+        """Iterations of a round with leapfrog budget B: B / E[L_t], stochastically rounded."""
+        _, num_steps = arm(tuner_state, box)
+        mean_steps = 0.5 * (min_num_steps(num_steps, min_steps_fraction, jnp) + num_steps)
+        ratio = super_transitions / mean_steps
+        whole = jnp.floor(ratio)
+        up = jax.random.uniform(key, (), ratio.dtype) < ratio - whole
+        return jnp.clip(whole + up, 1, super_transitions).astype(jnp.int32)
+
+    def fresh(num_chains, dtype):
+        """Empty round sums, one per chain (with per-length sums for ``jump_estimate="trajectory"``)."""
+        stats = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
+        if not by_trajectory:
+            return stats
+        shape = (num_chains, num_step_values)
+        return TrajectoryRoundStats(stats, jnp.zeros(shape, dtype), jnp.zeros(shape, jnp.int32))
+
+    def made_jumps(stats) -> RoundStats:
+        return stats.stats if by_trajectory else stats
+
+    def add(stats, old_positions, flat_new, num_taken, info, imm, whitening, center):
+        """The iteration's jumps in the whitened metric (``C^-1 x`` for a dense ``imm = C C^T``)."""
+        flat_old = _flat(old_positions)
+        if whitening is not None:
+            flat_old, flat_new = flat_old @ whitening.T, flat_new @ whitening.T
+            stats_center = None if center is None else whitening @ center
+            scale = None
+        else:
+            scale, stats_center = jnp.sqrt(imm), center
+        made = jax.vmap(round_update, in_axes=(0, 0, 0, 0, 0, 0, None, None))(
+            made_jumps(stats), flat_old, flat_new, num_taken, info.acceptance_rate, info.is_divergent, scale,
+            stats_center)
+        return TrajectoryRoundStats(made, info.step_sums, info.step_counts) if by_trajectory else made
+
+    def chain_rewards(stats, arm_l, dtype):
+        """The objective of each chain's round (its sums and its L)."""
+        if by_trajectory:  # the round's mean squared jump from every leapfrog step (made jumps if none)
+            lowest = min_num_steps(arm_l, min_steps_fraction, jnp)
+            estimate = jax.vmap(trajectory_jump_estimate)(stats.step_sums, stats.step_counts, lowest, arm_l)
+            made = stats.stats
+            total = jnp.where(jnp.isfinite(estimate), estimate * made.num_iterations, made.sum_squared_jump)
+            stats = made._replace(sum_squared_jump=total.astype(made.sum_squared_jump.dtype))
+        return jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
+
+    def exploit(tuner_state):
+        """End of warm-up: move to the arm of highest posterior mean reward."""
+        def best(t):
+            return t._replace(arm=jnp.argmax(tuner.surrogate(t).mean.reshape(-1)).astype(jnp.int32))
+        return best(tuner_state) if pooled else jax.vmap(best)(tuner_state)
+
+    def update_tuner(tuner_state, rewards, key_tuner, dtype, num_chains):
+        """The tuner's update with the round's rewards: ``(tuner_state, reward, changed, p)`` per chain."""
+        if pooled:
+            reward = jnp.mean(rewards)
+            uniform = jax.random.uniform(key_tuner, (), dtype)
+            tuner_state, tinfo = tuner.update(tuner_state, reward, uniform, num_chains * 1.0, cond=jax.lax.cond)
+            changed = jnp.broadcast_to(tinfo.arm_changed, (num_chains,))
+            return tuner_state, jnp.broadcast_to(reward, (num_chains,)), changed, tinfo.adapt_probability
+        uniforms = jax.random.uniform(key_tuner, (num_chains,), dtype)
+        # update's two halves: the solves only in rounds where some chain needs them (a chain's
+        # own branch under vmap would run them in every round, for every chain)
+        recorded, work = jax.vmap(tuner.record)(tuner_state, rewards, uniforms)
+        tuner_state = jax.lax.cond(jnp.any(work.needs_solve), lambda operand: jax.vmap(tuner.complete)(*operand)[0],
+                                   lambda operand: operand[0], (recorded, work))
+        return tuner_state, rewards, tuner_state.arm != recorded.arm, work.adapt_probability[0]
+
+    def close(operand, *, arm_l, key_tuner, round_draws=None, num_draws=None, ends=True):
+        """The end of a round: the round's reward, the tuner's update, fresh round sums.
+
+        ``operand`` is ``(tuner_state, round_stats, adapt_probability, hook_state)``; ``arm_l`` the
+        round's L per chain, ``key_tuner`` the iteration's tuner key; ``round_draws`` / ``num_draws``
+        the hook's buffer (``round_end_fn`` only).  Returns the operand's new values, with
+        ``(reward, arm_changed, adapt_probability)`` per chain in place of the probability."""
+        tuner_state, stats, _, hook_state = operand
+        num_chains = arm_l.shape[0]
+        dtype = made_jumps(stats).sum_squared_jump.dtype
+        if round_end_fn is None:
+            rewards = chain_rewards(stats, arm_l, dtype)
+        else:
+            rewards, hook_state = round_end_fn(round_draws, num_draws, hook_state)
+            rewards = jnp.asarray(rewards, dtype)
+            rewards = rewards if pooled else jnp.broadcast_to(rewards, (num_chains,))
+        # A host callback only when a reward is not finite; the flag goes to the host too, because under a
+        # user's jax.vmap (one-chain adaptive_hmc) this cond becomes a select that runs both branches.
+        # ``ends``: whether the round really ends here (False in the branch a vmapped cond runs anyway).
+        finite = jnp.all(jnp.isfinite(rewards))
+        jax.lax.cond(finite, lambda _: None, _warn_nonfinite_reward, ~finite & ends)
+        tuner_state, reward, changed, p = update_tuner(tuner_state, rewards, key_tuner, dtype, num_chains)
+        if exploit_after_warmup:
+            previous_arm = operand[0].arm
+            last_round = tuner_state.round if pooled else tuner_state.round[0]
+            tuner_state = jax.lax.cond(last_round == num_warmup_rounds, exploit, lambda t: t, tuner_state)
+            changed = jnp.broadcast_to(tuner_state.arm != previous_arm, (num_chains,))
+        return tuner_state, fresh(num_chains, dtype), (reward, changed, p.astype(dtype)), hook_state
+
+    def finish(state, rng_key):
+        """End the round after an iteration run with ``round_end="never"`` with key ``rng_key``:
+        the state and ``(reward, arm_changed, adapt_probability)`` per chain that ``"always"``
+        would have given (fixed-length rounds)."""
+        num_chains = state.logdensity.shape[0]
+        _, key_tuner = jax.random.split(rng_key)
+        arm_l = chain_arms(state.tuner, state.box, num_chains)[1]
+        hook = round_end_fn is not None
+        operand = (state.tuner, state.round_stats, state.adapt_probability, state.round_end_state)
+        tuner_state, stats, (reward, changed, p), hook_state = close(
+            operand, arm_l=arm_l, key_tuner=key_tuner, round_draws=state.round_draws if hook else None,
+            num_draws=state.round_iteration if hook else None)
+        state = state._replace(tuner=tuner_state, round_stats=stats, adapt_probability=p)
+        if hook:
+            state = state._replace(round_end_state=hook_state, round_iteration=jnp.zeros_like(state.round_iteration))
+        return state, (reward, changed, jnp.broadcast_to(p, (num_chains,)))
+
+    def record(state, rng_key):
+        """A pooled tuner's round end without linear algebra (fixed-length rounds, no hook): the
+        reward recorded, fresh round sums; returns the state and ``(work, rewards per chain)``
+        for ``tuner.complete``.  Same keys and values as ``close``."""
+        num_chains = state.logdensity.shape[0]
+        _, key_tuner = jax.random.split(rng_key)
+        arm_l = chain_arms(state.tuner, state.box, num_chains)[1]
+        dtype = state.inverse_mass_matrix.dtype
+        rewards = chain_rewards(state.round_stats, arm_l, dtype)
+        uniform = jax.random.uniform(key_tuner, (), dtype)
+        recorded, work = tuner.record(state.tuner, jnp.mean(rewards), uniform, num_chains * 1.0)
+        return state._replace(tuner=recorded, round_stats=fresh(num_chains, dtype)), (work, rewards)
+
+    return Rounds(arm, chain_arms, fresh, add, close, finish, partial(segmented_rounds, tuner, record), length)
+
+
+def segmented_rounds(tuner, record, inner, state, blocks):
+    """Whole rounds of a pooled tuner after warm-up (no hook), keys ``blocks`` (rounds, L):
+    ``(state, (positions, info))`` with a leading rounds axis, as one round per scan step gives.
+
+    XLA's CPU backend compiles a loop into a single kernel only when it holds no linear-algebra
+    call; otherwise it runs the loop body's operations one by one, at a fixed cost each (a round
+    end has some hundred of them: as much as a cheap model's gradients).  So the rounds run in
+    segments: an inner loop of whole rounds (transitions, round sums, the reward and the tuner's
+    bookkeeping, ``tuner.record``) that stops after the first round whose update needs the
+    tuner's solves (a move of the arm, p_i per round, or an eviction); then ``tuner.complete``
+    outside it.  A non-finite reward warns once, after the run."""
+    num_rounds = blocks.shape[0]
+    num_chains = state.logdensity.shape[0]
+    dtype = state.inverse_mass_matrix.dtype
+
+    def iteration(state, key):
+        state, info = inner(key, state)
+        return state, (state.position, info)
+
+    def whole_round(state, keys):
+        """A round's iterations, then its end: the reward recorded (``tuner.record``)."""
+        state, (positions, info) = jax.lax.scan(iteration, state, keys)
+        state, (work, rewards) = record(state, keys[-1])
+        p = work.adapt_probability.astype(dtype)
+        per_chain = partial(jnp.broadcast_to, shape=(num_chains,))
+        # the iterations ran with round_end="never" (arm_changed already False): the round's end fills the rest
+        info = info._replace(reward=info.reward.at[-1].set(per_chain(jnp.mean(rewards))),
+                             adapt_probability=info.adapt_probability.at[-1].set(per_chain(p)))
+        return state._replace(adapt_probability=p), (positions, info), (work, rewards)
+
+    _, round_shapes, pending_shapes = jax.eval_shape(whole_round, state, blocks[0])
+    outputs = jax.tree.map(lambda x: jnp.zeros((num_rounds,) + x.shape, x.dtype), round_shapes)
+    pending = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), pending_shapes)
+
+    def one_round(carry):
+        state, r, outputs, _, _, nonfinite = carry
+        state, round_out, pending = whole_round(state, blocks[r])
+        outputs = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, r, 0),
+                               outputs, round_out)
+        work, rewards = pending
+        nonfinite = nonfinite | ~jnp.all(jnp.isfinite(rewards))
+        return state, r + 1, outputs, pending, work.needs_solve, nonfinite
+
+    def segment(carry):
+        state, r, outputs, pending, _, nonfinite = carry
+        state, r, outputs, pending, stopped, nonfinite = jax.lax.while_loop(
+            lambda c: (c[1] < num_rounds) & ~c[4], one_round, (state, r, outputs, pending, False, nonfinite))
+        tuner_state, _ = jax.lax.cond(stopped, partial(tuner.complete, cond=jax.lax.cond),
+                                      lambda t, w: (t, jnp.asarray(-1, jnp.int32)), state.tuner, pending[0])
+        changed = jnp.broadcast_to(tuner_state.arm != state.tuner.arm, (num_chains,))
+        positions, info = outputs
+        info = info._replace(arm_changed=info.arm_changed.at[r - 1, -1].set(changed))
+        return state._replace(tuner=tuner_state), r, (positions, info), pending, False, nonfinite
+
+    start = (state, jnp.asarray(0, jnp.int32), outputs, pending, jnp.asarray(False), jnp.asarray(False))
+    state, _, outputs, _, _, nonfinite = jax.lax.while_loop(lambda c: c[1] < num_rounds, segment, start)
+    jax.lax.cond(nonfinite, _warn_nonfinite_reward, lambda _: None, nonfinite)
+    return state, outputs

@@ -1,0 +1,381 @@
+"""The engine's warm-up adaptation: pooled dual averaging, the mass-matrix windows, chain checks, the box.
+
+During the metric phase (:class:`ahmc.core.schedule.WarmupPlan`) every iteration advances, pooled
+over chains, BlackJAX's dual averaging of the step size and its Welford mass-matrix estimator in
+Stan's windows; at the end of Stan's initial fast window and of every slow window a chain whose
+mean log density over the window is far below the median chain's, still is at the check, and did
+not climb (trapped in a region of negligible mass) restarts from another chain's position
+(``restart_lost_chains``; 3+ chains), since the pooled dual averaging would otherwise follow it
+down to a useless step size.  At the metric phase's last iteration the search box is set from the
+dual-averaging step size (:func:`ahmc.core.schedule.automatic_box`).
+
+:func:`build_warmup` returns the adaptation as ``init`` (its state for the chains' start) and
+``update`` (one iteration, after the transition); the sampling phase does not trace it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
+from blackjax.adaptation.step_size import dual_averaging_adaptation
+
+from ahmc.core.mass_matrix import prefers_dense, shrink_correlations
+from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, warmup_num_steps
+
+from ._jax_kernel import inverse_cholesky
+
+__all__ = ["WindowStats", "WarmupState", "Warmup", "build_warmup", "far_below", "climbing", "lost_chains",
+           "pooled_acceptance", "EARLY_MAX_STEPS"]
+
+
+class WindowStats(NamedTuple):
+    """Per-chain sums over the current check window (reset at every chain check).
+
+    count : int32, ()          iterations in the window (shared by all chains)
+    logdensity : float, (C,)   sum of the log density after each transition
+    logdensity_sq : float, (C,) sum of its square
+    acceptance : float, (C,)   sum of the acceptance probabilities
+    logdensity_trend : float, (C,) sum of ``t * logdensity_t`` (t = 1..count), for the trend
+    """
+
+    count: Any
+    logdensity: Any
+    logdensity_sq: Any
+    acceptance: Any
+    logdensity_trend: Any
+
+LOST_GAP_SDS = 10.0  # a lost chain's mean log density is this many within-chain sds below the median chain's
+LOST_GAP_MIN = 10.0  # ... and at least this many nats below
+STUCK_ACCEPTANCE = 0.05  # a chain accepting less than this on average over the window is stuck
+
+
+def _window_moments(window: WindowStats):
+    n = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
+    mean = window.logdensity / n
+    var = jnp.maximum(window.logdensity_sq / n - mean * mean, 0.0)
+    return n, mean, var
+
+
+def pooled_acceptance(accept, early):
+    """The acceptance rate the pooled dual averaging sees: the median over chains before the first
+    mass-matrix estimate (``early``), the mean afterwards.
+
+    Early on a chain can sit in a local mode accepting almost nothing until the first chain
+    check restarts it; with the mean, that one chain drags every chain's step size down by orders
+    of magnitude (measured on posteriordb's gauss_mix: eps 0.0005 instead of 0.01, 120 gradients
+    per iteration for 150 iterations).  Later the windows restart the dual averaging and ``eps*``
+    comes from the mean, as in Stan.
+    """
+    return jnp.where(early, jnp.median(accept), jnp.mean(accept))
+
+
+def far_below(window: WindowStats, logdensity=None):
+    """(C,) bool: chains whose mean log density over the window is far below the median chain's.
+
+    "Far" is ``LOST_GAP_SDS`` times the typical within-chain standard deviation
+    of the log density (``spread``: median over chains) and at least
+    ``LOST_GAP_MIN`` nats.  In a d-dimensional Gaussian the log density has sd
+    ``sqrt(d / 2)``, and a chain 10 such sds below the others is not in the
+    typical set.  The median keeps one chain on a spurious high-density spike
+    from condemning the others.  With ``logdensity`` (the chains' current
+    values) the chain must also still be that far below now: a chain that
+    arrived during the window is not lost.  Needs 2+ chains.
+    """
+    _, mean, var = _window_moments(window)
+    spread = jnp.sqrt(jnp.median(var))
+    threshold = jnp.maximum(LOST_GAP_SDS * spread, LOST_GAP_MIN)
+    far = (jnp.median(mean) - mean > threshold) & (window.count > 1)
+    if logdensity is not None:
+        far &= jnp.median(mean) - logdensity > threshold
+    return far
+
+
+def climbing(window: WindowStats):
+    """(C,) bool: chains whose log density rose over the window by more than 3 typical sds.
+
+    The rise is the least-squares slope of the log density against the
+    iteration, times the window length; the typical sd is the median over
+    chains of the within-window sd.  A chain still on its way from a far-off
+    start rises by many of them; a chain at equilibrium, or trapped in a local
+    mode, rises by noise only (about one sd over 75 autocorrelated iterations).
+    """
+    _, _, var = _window_moments(window)
+    return _window_rise(window) > 3.0 * jnp.sqrt(jnp.median(var))
+
+
+def _window_rise(window: WindowStats):
+    """(C,): each chain's least-squares slope of the log density against the iteration, times the window length."""
+    n, _, _ = _window_moments(window)
+    mean_t = (n + 1.0) / 2.0
+    return 12.0 * (window.logdensity_trend - mean_t * window.logdensity) / jnp.maximum(n * n - 1.0, 1.0)
+
+
+def lost_chains(window: WindowStats, logdensity=None, remaining=None):
+    """(C,) bool: chains to restart: far below the median chain, now too (:func:`far_below`), and not
+    climbing, or climbing too slowly to arrive within ``remaining`` iterations.
+
+    A chain still climbing is left alone: it may be heading for a region the
+    others have not found, which the sampling phase's R-hat should get to see.
+    A chain that sits far below the others without rising is trapped (e.g. in
+    a local mode of negligible mass) and would drag the pooled step size down.
+    So would a chain that rises, but at its window's rate would still be below
+    the median chain when the metric phase ends (``remaining`` iterations from
+    now; ``None``: no deadline): its draws would enter the pooled mass-matrix
+    estimate as a transient (measured: earnings with a dense matrix, one chain
+    6,700 nats below the others and rising ~5 nats per iteration; the pooled
+    estimate, dominated by that chain's offset, shrank the step size to 1e-4
+    and the chain never arrived).
+    """
+    far, trapped = far_below(window, logdensity), ~climbing(window)
+    if remaining is None:
+        return far & trapped
+    n, mean, _ = _window_moments(window)
+    gap = jnp.median(mean) - (mean if logdensity is None else logdensity)
+    late = gap > jnp.maximum(_window_rise(window) / n, 0.0) * remaining
+    return far & (trapped | late)
+
+
+def _warn_if_lost(operand, compare_chains=True):
+    """End of warm-up: warn (host callback) about chains far below the others, or stuck, over the last window."""
+    window, logdensity, now, step_size = operand
+    count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
+    lost = far_below(window, logdensity) if compare_chains else jnp.zeros(window.logdensity.shape, bool)
+    jax.debug.callback(_warn_host, lost, window.acceptance / count, window.logdensity / count, now, step_size)
+
+
+#: A warm-up step size (in the mass matrix's units) beyond this, or not finite, means the log density is flat
+#: along some direction at every scale the search tried: an improper posterior.
+FLAT_STEP_SIZE = 1e10
+
+IMPROPER_MESSAGE = (
+    "ahmc: the warm-up's step size grew to {eps:.3g}: the log density is flat along some direction at every "
+    "scale tried, as in an improper posterior (a flat prior that no likelihood term bounds). The draws then keep "
+    "growing without bound, or cannot move once the step overflows, and represent no posterior. Give every "
+    "parameter a proper prior, or check that the data enter the likelihood.")
+
+
+def _warn_host(lost, acceptance, mean_logdensity, now=True, step_size=1.0):
+    if not np.all(now):  # a vmapped cond runs this branch at every iteration: only the last one counts
+        return
+    eps = np.asarray(step_size, dtype=float).reshape(-1)
+    if np.any(~np.isfinite(eps) | (eps > FLAT_STEP_SIZE)):
+        warnings.warn(IMPROPER_MESSAGE.format(eps=float(np.nanmax(np.where(np.isfinite(eps), eps, np.inf)))),
+                      UserWarning, stacklevel=2)
+        return
+    lost, acceptance = np.asarray(lost, bool).reshape(-1), np.asarray(acceptance).reshape(-1)
+    mean_logdensity = np.asarray(mean_logdensity).reshape(-1)
+    stuck = acceptance < STUCK_ACCEPTANCE
+    if not (lost.any() or stuck.any()):
+        return
+    parts = []
+    if lost.any():
+        parts.append(f"chain(s) {np.flatnonzero(lost).tolist()} have a mean log density far below the other "
+                     f"chains' ({np.round(np.asarray(mean_logdensity), 1).tolist()})")
+    if stuck.any():
+        parts.append(f"chain(s) {np.flatnonzero(stuck).tolist()} accepted almost no proposals "
+                     f"(mean acceptance {np.round(acceptance, 3).tolist()})")
+    warnings.warn(
+        "ahmc: at the end of warm-up " + "; ".join(parts) + ". Such a chain is stuck (e.g. in a "
+        "negligible-mass local mode) and its draws do not represent the posterior: check R-hat, start the "
+        "chains elsewhere (init_params / initial positions), run more warm-up, or use 3+ chains so that "
+        "the warm-up can restart lost chains.",
+        UserWarning, stacklevel=2,
+    )
+
+
+class SearchBox(NamedTuple):
+    """The box the tuner searches (arrays; traced when chosen automatically).
+
+    step_size : float, (2,)   ``(lower, upper)`` step size
+    num_steps : int32, (2,)   ``(lower, upper)`` maximum number of leapfrog steps ``L``
+    """
+
+    step_size: Any
+    num_steps: Any
+
+
+class WarmupState(NamedTuple):
+    """What one warm-up iteration changes besides the chains (the engine state's fields of the same names)."""
+
+    step_size_adaptation: Any
+    mass_matrix_adaptation: Any
+    inverse_mass_matrix: Any
+    whitening: Any
+    center: Any
+    box: SearchBox
+    window: WindowStats
+
+
+class Warmup(NamedTuple):
+    """The warm-up adaptation (:func:`build_warmup`).
+
+    ``step_size_state(eps)``, ``mass_matrix_state(dim, dtype, dense)`` and ``window_state(C, dtype)``: initial
+    states; ``parameters(state)``: ``(step size, L, early)`` of a metric-phase iteration;
+    ``update(rng_key, state, new, acceptance) -> (new, WarmupState, restarted)``: after the chains'
+    transition (``new``: their ``HMCState``), restarts lost chains, advances the adapters and, at
+    the metric phase's last iteration, sets the search box.
+    """
+
+    step_size_state: Callable
+    mass_matrix_state: Callable
+    window_state: Callable
+    parameters: Callable
+    update: Callable
+    accumulate: Callable
+
+
+def _is_dense(matrix) -> bool:
+    """Static: a (d, d) inverse mass matrix (dense_mass=True, or "auto" up to DENSE_AUTO_MAX_DIM)."""
+    return matrix.ndim == 2
+
+
+def _as_dtype(tree, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _fixed_int(s):
+    """BlackJAX's Welford state with an int32 sample count, so that scan carries and cond branches agree."""
+    wc = s.wc_state
+    return type(s)(s.inverse_mass_matrix, type(wc)(wc.mean, wc.m2, jnp.asarray(wc.sample_size, jnp.int32)))
+
+
+def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_integration_time: float,
+                 warmup_max_steps: int, auto_dense: bool, use_center: bool, restart_lost_chains: bool,
+                 compare_chains: bool, auto_box: bool, user_num_steps: bool, step_size_factors: tuple,
+                 max_integration_time: float, num_steps_cap: int, box_max_steps: int | None) -> Warmup:
+    """The warm-up adaptation for ``plan`` (BlackJAX's dual averaging and Welford estimators, pooled over chains).
+
+    ``compare_chains=False`` (per-chain targets) turns off restarts and the "far below" warning;
+    ``user_num_steps``: the box's ``L`` range is the user's (only ``eps`` follows ``eps*``);
+    ``box_max_steps``: a cap on the automatic ``L`` (a super-transition's budget).
+    """
+    da_init_raw, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
+    # Both estimators: with dense_mass="auto" the state's shape (set by init) picks one.
+    mm = {dense: mass_matrix_adaptation(is_diagonal_matrix=not dense) for dense in (False, True)}
+    metric_phase = plan.metric_phase_length
+    is_slow, is_window_end, is_check = (jnp.asarray(a) for a in (plan.is_slow, plan.is_window_end, plan.is_check))
+
+    def step_size_state(eps):
+        # BlackJAX's init returns Python scalars in places: fixed dtypes, so that loop carries agree
+        eps = jnp.asarray(eps)
+        s = da_init_raw(eps)
+        return type(s)(*(jnp.asarray(v, jnp.int32 if i == 2 else eps.dtype) for i, v in enumerate(s)))
+
+    def mass_matrix_state(dim, dtype, dense):
+        return _as_dtype(_fixed_int(mm[dense][0](dim)), dtype)
+
+    def window_state(num_chains, dtype):
+        zeros = jnp.zeros((num_chains,), dtype)
+        return WindowStats(jnp.asarray(0, jnp.int32), zeros, zeros, zeros, zeros)
+
+    def parameters(state):
+        """The metric phase's step size (dual averaging's) and L (capped until the first window closes)."""
+        dtype = state.inverse_mass_matrix.dtype
+        warm_eps = jnp.exp(state.step_size_adaptation.log_step_size).astype(dtype)
+        early = state.iteration <= plan.first_window_end
+        warm_l = warmup_num_steps(warm_eps, warmup_integration_time, warmup_max_steps, jnp)
+        return warm_eps, jnp.where(early, jnp.minimum(warm_l, EARLY_MAX_STEPS), warm_l), early
+
+    def accumulate(window, logdensity, accept):
+        """Per-chain window sums for the chain checks and the end-of-warm-up warning."""
+        count = window.count + 1
+        return WindowStats(count, window.logdensity + logdensity, window.logdensity_sq + logdensity * logdensity,
+                           window.acceptance + accept, window.logdensity_trend + count.astype(logdensity.dtype) * logdensity)
+
+    def restart_lost(rng_key, new, ld, window, da_state, iteration, is_check_now):
+        """Chains lost at a check restart from a healthy chain's position; the dual averaging restarts."""
+        num_chains = window.logdensity.shape[0]
+        if not (compare_chains and restart_lost_chains and num_chains >= 3):
+            return new, da_state, jnp.zeros((num_chains,), bool)
+        far = far_below(window)  # at most half the chains (median): donors always exist
+        lost = lost_chains(window, ld, remaining=metric_phase - iteration) & is_check_now
+        donors = jax.random.categorical(rng_key, jnp.where(far, -jnp.inf, 0.0), shape=(num_chains,))
+
+        def take(x):
+            return jnp.where(lost.reshape((-1,) + (1,) * (x.ndim - 1)), x[donors], x)
+
+        restarted = step_size_state(jnp.exp(da_state.log_step_size))
+        da_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(lost), a, b), restarted, da_state)
+        return jax.tree.map(take, new), da_state, lost
+
+    def close_window(operand):
+        """A mass-matrix window's end: its estimate (shrunk if dense), the dual averaging restarted."""
+        mm_state, imm, da_state, _ = operand
+        dtype = imm.dtype
+        window_mean = mm_state.wc_state.mean.astype(dtype) if use_center else None
+        num_draws = mm_state.wc_state.sample_size
+        mm_state = _as_dtype(_fixed_int(mm[_is_dense(mm_state.inverse_mass_matrix)][2](mm_state)), dtype)
+        if _is_dense(imm):  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
+            raw = mm_state.inverse_mass_matrix
+            covariance = shrink_correlations(raw, num_draws, jnp)
+            if auto_dense:  # correlations no stronger than their noise: the diagonal does better
+                covariance = jnp.where(prefers_dense(raw, num_draws, xp=jnp), covariance,
+                                       jnp.diag(jnp.diag(covariance)))
+            mm_state = mm_state._replace(inverse_mass_matrix=covariance)
+        restart = step_size_state(jnp.exp(da_state.log_step_size))
+        return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart, window_mean
+
+    def adapt_metric(state, flat_new, da_state, in_metric_phase, phase_it):
+        """The pooled Welford estimator takes the chains' positions in a slow window and closes at its end."""
+        dense = _is_dense(state.inverse_mass_matrix)
+
+        def pool_positions(mm_state):
+            return jax.lax.scan(lambda s, x: (mm[_is_dense(s.inverse_mass_matrix)][1](s, x), None), mm_state,
+                                flat_new)[0]
+
+        mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_positions, lambda s: s,
+                                state.mass_matrix_adaptation)
+        window_end = in_metric_phase & is_window_end[phase_it]
+        mm_state, imm, da_state, center = jax.lax.cond(
+            window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state, state.center))
+        whitening = jax.lax.cond(window_end, inverse_cholesky, lambda _: state.whitening, imm) if dense else None
+        return mm_state, imm, da_state, center, whitening
+
+    def search_box(state, da_state):
+        """At the metric phase's last iteration: the automatic box around eps* (the user's box otherwise)."""
+        if not auto_box:
+            return state.box
+        dtype = state.inverse_mass_matrix.dtype
+        eps_star = jnp.exp(da_state.log_step_size_avg).astype(dtype)
+        eps_box, l_hi = automatic_box(eps_star, step_size_factors, max_integration_time, num_steps_cap, jnp,
+                                      max_num_steps=box_max_steps)
+        l_range = state.box.num_steps if user_num_steps else jnp.stack([jnp.asarray(1, jnp.int32), l_hi])
+        starts_gp = state.iteration == metric_phase - 1
+        return jax.tree.map(lambda a, b: jnp.where(starts_gp, a, b), SearchBox(eps_box, l_range), state.box)
+
+    def update(rng_key, state, new, accept, early):
+        """One warm-up iteration after the transition: ``(new, WarmupState, restarted)``."""
+        it = state.iteration
+        dtype = state.inverse_mass_matrix.dtype
+        in_metric_phase = it < metric_phase
+        ld = new.logdensity.astype(dtype)
+        window = accumulate(state.window, ld, accept)
+        da_state = state.step_size_adaptation
+        da_state = jax.tree.map(lambda a, b: jnp.where(in_metric_phase, a, b),
+                                da_update(da_state, pooled_acceptance(accept, early)), da_state)
+        phase_it = jnp.minimum(it, is_slow.shape[0] - 1)
+        is_check_now = in_metric_phase & is_check[phase_it]
+        new, da_state, lost = restart_lost(rng_key, new, ld, window, da_state, it, is_check_now)
+        warmup_ends = it == plan.num_warmup - 1
+        if plan.num_warmup > 0:
+            jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains), lambda operand: None,
+                         (window, ld, warmup_ends, jnp.exp(da_state.log_step_size)))
+        window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
+                              window_state(window.logdensity.shape[0], dtype), window)
+        # after warm-up the window is read by nothing: it stays as warm-up left it (as the sampling phase does)
+        window = jax.tree.map(lambda w, old: jnp.where(it < plan.num_warmup, w, old), window, state.window)
+        flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
+        mm_state, imm, da_state, center, whitening = adapt_metric(state, flat_new, da_state, in_metric_phase,
+                                                                  phase_it)
+        box = search_box(state, da_state)
+        return new, WarmupState(da_state, mm_state, imm, whitening, center, box, window), lost
+
+    return Warmup(step_size_state, mass_matrix_state, window_state, parameters, update, accumulate)
