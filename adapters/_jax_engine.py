@@ -15,6 +15,40 @@ each built once from the options (BlackJAX's ``build_kernel`` style):
 The schedule (metric-phase length, windows, ``k``, freezing) is :func:`ahmc.core.schedule.plan_warmup`'s.
 ``step(key, state, sampling=True)`` traces the sampling phase without the warm-up adaptation, and
 ``scan_draws`` runs whole rounds without a run-time branch per iteration.
+
+The execution options of :func:`build_engine` (the tuning options are the Config's):
+
+pooled
+    One tuner for all chains (every chain runs the same arm; the chain-mean reward enters the
+    GP with weight ``C``), or ``False``: an independent tuner per chain.
+inverse_mass_matrix
+    The initial (or, with ``adapt_mass_matrix=False``, fixed) inverse mass matrix: ``(d,)``, or
+    ``(d, d)`` with ``dense_mass``; default identity.
+integrator, divergence_threshold
+    Passed to :func:`blackjax.mcmc.hmc.build_kernel`.
+kernel
+    Replaces that HMC kernel: ``(rng_key, HMCState, logdensity_fn, step_size, inverse_mass_matrix,
+    num_integration_steps) -> (HMCState, info)``; ``info`` may carry ``fixed_point_converged`` and
+    ``num_gradient_evals`` (RMHMC, :mod:`ahmc.adapters._jax_rmhmc`).
+initial_arm
+    ``(step_size, L)`` of the first round in a user box (default: the box's middle).
+chain_data
+    Per-chain data with a leading chain axis: chain ``c`` targets ``logdensity_fn(position, data_c)``
+    (cross-validation folds); their log densities are then not compared (no restarts).
+round_end_fn, round_end_state
+    A reward from the round's draws instead of the objective:
+    ``round_end_fn(draws, num_draws, hook_state) -> (reward, hook_state)``, once per round; ``draws``
+    has leading axes ``(C, M)``, of which the first ``num_draws`` are the round's.
+super_transitions
+    Leapfrog budget ``B`` per chain and round (thesis 3.2): a round with maximum ``L`` makes
+    ``B / E[L_t]`` transitions (stochastically rounded) and ``L <= 2 B - 1``.  Pooled only;
+    ``EngineInfo.round`` and ``is_warmup`` then count rounds.
+shared_num_steps
+    Every chain of an iteration takes ``L_t`` from one shared ``u ~ U(0, 1)`` (default): vmapped
+    chains then waste no gradients waiting for the longest; ``False`` is the paper's independent draws.
+sequential_chains
+    The chains' transitions one after another (``jax.lax.map``) instead of ``jax.vmap``: for kernels
+    whose cost varies by chain (RMHMC's implicit solves).
 """
 
 from __future__ import annotations
@@ -287,39 +321,7 @@ def build_engine(
 
     The tuning options (search box, GP, schedule, warm-up, reward) are :class:`ahmc.core.Config`'s,
     with its defaults (``docs/options.md``); ``num_warmup`` sets the schedule
-    (:func:`ahmc.core.schedule.plan_warmup`).  The others say how the chains run:
-
-    pooled
-        One tuner for all chains (every chain runs the same arm; the chain-mean reward enters the
-        GP with weight ``C``), or ``False``: an independent tuner per chain.
-    inverse_mass_matrix
-        The initial (or, with ``adapt_mass_matrix=False``, fixed) inverse mass matrix: ``(d,)``, or
-        ``(d, d)`` with ``dense_mass``; default identity.
-    integrator, divergence_threshold
-        Passed to :func:`blackjax.mcmc.hmc.build_kernel`.
-    kernel
-        Replaces that HMC kernel: ``(rng_key, HMCState, logdensity_fn, step_size, inverse_mass_matrix,
-        num_integration_steps) -> (HMCState, info)``; ``info`` may carry ``fixed_point_converged`` and
-        ``num_gradient_evals`` (RMHMC, :mod:`ahmc.adapters._jax_rmhmc`).
-    initial_arm
-        ``(step_size, L)`` of the first round in a user box (default: the box's middle).
-    chain_data
-        Per-chain data with a leading chain axis: chain ``c`` targets ``logdensity_fn(position, data_c)``
-        (cross-validation folds); their log densities are then not compared (no restarts).
-    round_end_fn, round_end_state
-        A reward from the round's draws instead of the objective:
-        ``round_end_fn(draws, num_draws, hook_state) -> (reward, hook_state)``, once per round; ``draws``
-        has leading axes ``(C, M)``, of which the first ``num_draws`` are the round's.
-    super_transitions
-        Leapfrog budget ``B`` per chain and round (thesis 3.2): a round with maximum ``L`` makes
-        ``B / E[L_t]`` transitions (stochastically rounded) and ``L <= 2 B - 1``.  Pooled only;
-        ``EngineInfo.round`` and ``is_warmup`` then count rounds.
-    shared_num_steps
-        Every chain of an iteration takes ``L_t`` from one shared ``u ~ U(0, 1)`` (default): vmapped
-        chains then waste no gradients waiting for the longest; ``False`` is the paper's independent draws.
-    sequential_chains
-        The chains' transitions one after another (``jax.lax.map``) instead of ``jax.vmap``: for kernels
-        whose cost varies by chain (RMHMC's implicit solves).
+    (:func:`ahmc.core.schedule.plan_warmup`).  The others say how the chains run (the module's text).
     """
     checked = _check_options(
         logdensity_fn, num_warmup=num_warmup, step_size_bounds=step_size_bounds, num_steps_bounds=num_steps_bounds,
@@ -334,6 +336,11 @@ def build_engine(
     metric_fraction = 0.5 if metric_fraction is None else metric_fraction
     plan = plan_warmup(num_warmup, metric_fraction=metric_fraction, round_length=round_length,
                        adapt_mass_matrix=adapt_mass_matrix, auto_box=auto_box, k=k, freeze_after=freeze_after)
+    if auto_box and plan.metric_phase_length < 1:
+        raise ValueError(
+            "The automatic search box needs a metric (dual-averaging) phase: "
+            f"num_warmup={num_warmup} with metric_fraction={metric_fraction} leaves none. "
+            "Give step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi), or more warm-up.")
     use_center = needs_center(objective_fn)
     if use_center and plan.metric_phase_length < 1:
         raise ValueError(

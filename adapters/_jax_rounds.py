@@ -88,11 +88,8 @@ def _flat(positions):
     return jax.vmap(lambda p: ravel_pytree(p)[0])(positions)
 
 
-def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, num_step_values: int,
-                 min_steps_fraction: float, objective_fn: Callable, round_end_fn: Callable | None,
-                 exploit_after_warmup: bool, num_warmup_rounds: int, super_transitions: int | None) -> Rounds:
-    """The rounds of ``tuner`` (:func:`ahmc.core.gp_ucb`) over a box whose ``eps`` grid is log-spaced if ``log_grid``."""
-    space = tuner.space
+def _build_arms(space, *, pooled: bool, log_grid: bool, min_steps_fraction: float, super_transitions):
+    """``(arm, chain_arms, length)`` of :class:`Rounds` for the tuner's grid ``space``."""
     unit_eps, unit_l, num_l_grid = jnp.asarray(space.step_size_unit), jnp.asarray(space.num_steps_unit), space.shape[1]
 
     def arm(tuner_state, box):
@@ -122,6 +119,11 @@ def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, nu
         up = jax.random.uniform(key, (), ratio.dtype) < ratio - whole
         return jnp.clip(whole + up, 1, super_transitions).astype(jnp.int32)
 
+    return arm, chain_arms, length
+
+
+def _build_sums(*, by_trajectory: bool, num_step_values: int, min_steps_fraction: float, objective_fn: Callable):
+    """``(fresh, made_jumps, add, chain_rewards)``: a round's running sums and the reward of each chain's round."""
     def fresh(num_chains, dtype):
         """Empty round sums, one per chain (with per-length sums for ``jump_estimate="trajectory"``)."""
         stats = jax.vmap(lambda _: round_init(jnp, dtype))(jnp.arange(num_chains))
@@ -156,6 +158,18 @@ def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, nu
             total = jnp.where(jnp.isfinite(estimate), estimate * made.num_iterations, made.sum_squared_jump)
             stats = made._replace(sum_squared_jump=total.astype(made.sum_squared_jump.dtype))
         return jax.vmap(objective_fn)(stats, arm_l).astype(dtype)
+
+    return fresh, made_jumps, add, chain_rewards
+
+
+def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, num_step_values: int,
+                 min_steps_fraction: float, objective_fn: Callable, round_end_fn: Callable | None,
+                 exploit_after_warmup: bool, num_warmup_rounds: int, super_transitions: int | None) -> Rounds:
+    """The rounds of ``tuner`` (:func:`ahmc.core.gp_ucb`) over a box whose ``eps`` grid is log-spaced if ``log_grid``."""
+    arm, chain_arms, length = _build_arms(tuner.space, pooled=pooled, log_grid=log_grid,
+                                          min_steps_fraction=min_steps_fraction, super_transitions=super_transitions)
+    fresh, made_jumps, add, chain_rewards = _build_sums(by_trajectory=by_trajectory, num_step_values=num_step_values,
+                                                        min_steps_fraction=min_steps_fraction, objective_fn=objective_fn)
 
     def exploit(tuner_state):
         """End of warm-up: move to the arm of highest posterior mean reward."""
@@ -204,7 +218,8 @@ def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, nu
         if exploit_after_warmup:
             previous_arm = operand[0].arm
             last_round = tuner_state.round if pooled else tuner_state.round[0]
-            tuner_state = jax.lax.cond(last_round == num_warmup_rounds, exploit, lambda t: t, tuner_state)
+            frozen = last_round >= (tuner_state.freeze_round if pooled else tuner_state.freeze_round[0])
+            tuner_state = jax.lax.cond((last_round == num_warmup_rounds) & ~frozen, exploit, lambda t: t, tuner_state)
             changed = jnp.broadcast_to(tuner_state.arm != previous_arm, (num_chains,))
         return tuner_state, fresh(num_chains, dtype), (reward, changed, p.astype(dtype)), hook_state
 

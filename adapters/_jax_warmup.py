@@ -247,6 +247,52 @@ def _fixed_int(s):
     return type(s)(s.inverse_mass_matrix, type(wc)(wc.mean, wc.m2, jnp.asarray(wc.sample_size, jnp.int32)))
 
 
+def _build_metric(plan: WarmupPlan, *, use_center: bool, auto_dense: bool, step_size_state: Callable):
+    """``(mass_matrix_state, adapt_metric)``: the pooled Welford estimator (BlackJAX's, diagonal or dense) in
+    Stan's windows; a window's end restarts the dual averaging with ``step_size_state``."""
+    # Both estimators: with dense_mass="auto" the state's shape (set by init) picks one.
+    mm = {dense: mass_matrix_adaptation(is_diagonal_matrix=not dense) for dense in (False, True)}
+    is_slow, is_window_end = jnp.asarray(plan.is_slow), jnp.asarray(plan.is_window_end)
+
+    def mass_matrix_state(dim, dtype, dense):
+        return _as_dtype(_fixed_int(mm[dense][0](dim)), dtype)
+
+    def close_window(operand):
+        """A mass-matrix window's end: its estimate (shrunk if dense), the dual averaging restarted."""
+        mm_state, imm, da_state, _ = operand
+        dtype = imm.dtype
+        window_mean = mm_state.wc_state.mean.astype(dtype) if use_center else None
+        num_draws = mm_state.wc_state.sample_size
+        mm_state = _as_dtype(_fixed_int(mm[_is_dense(mm_state.inverse_mass_matrix)][2](mm_state)), dtype)
+        if _is_dense(imm):  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
+            raw = mm_state.inverse_mass_matrix
+            covariance = shrink_correlations(raw, num_draws, jnp)
+            if auto_dense:  # correlations no stronger than their noise: the diagonal does better
+                covariance = jnp.where(prefers_dense(raw, num_draws, xp=jnp), covariance,
+                                       jnp.diag(jnp.diag(covariance)))
+            mm_state = mm_state._replace(inverse_mass_matrix=covariance)
+        restart = step_size_state(jnp.exp(da_state.log_step_size))
+        return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart, window_mean
+
+    def adapt_metric(state, flat_new, da_state, in_metric_phase, phase_it):
+        """The pooled Welford estimator takes the chains' positions in a slow window and closes at its end."""
+        dense = _is_dense(state.inverse_mass_matrix)
+
+        def pool_positions(mm_state):
+            return jax.lax.scan(lambda s, x: (mm[_is_dense(s.inverse_mass_matrix)][1](s, x), None), mm_state,
+                                flat_new)[0]
+
+        mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_positions, lambda s: s,
+                                state.mass_matrix_adaptation)
+        window_end = in_metric_phase & is_window_end[phase_it]
+        mm_state, imm, da_state, center = jax.lax.cond(
+            window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state, state.center))
+        whitening = jax.lax.cond(window_end, inverse_cholesky, lambda _: state.whitening, imm) if dense else None
+        return mm_state, imm, da_state, center, whitening
+
+    return mass_matrix_state, adapt_metric
+
+
 def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_integration_time: float,
                  warmup_max_steps: int, auto_dense: bool, use_center: bool, restart_lost_chains: bool,
                  compare_chains: bool, auto_box: bool, user_num_steps: bool, step_size_factors: tuple,
@@ -258,10 +304,8 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
     ``box_max_steps``: a cap on the automatic ``L`` (a super-transition's budget).
     """
     da_init_raw, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
-    # Both estimators: with dense_mass="auto" the state's shape (set by init) picks one.
-    mm = {dense: mass_matrix_adaptation(is_diagonal_matrix=not dense) for dense in (False, True)}
     metric_phase = plan.metric_phase_length
-    is_slow, is_window_end, is_check = (jnp.asarray(a) for a in (plan.is_slow, plan.is_window_end, plan.is_check))
+    is_check = jnp.asarray(plan.is_check)
 
     def step_size_state(eps):
         # BlackJAX's init returns Python scalars in places: fixed dtypes, so that loop carries agree
@@ -269,8 +313,8 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         s = da_init_raw(eps)
         return type(s)(*(jnp.asarray(v, jnp.int32 if i == 2 else eps.dtype) for i, v in enumerate(s)))
 
-    def mass_matrix_state(dim, dtype, dense):
-        return _as_dtype(_fixed_int(mm[dense][0](dim)), dtype)
+    mass_matrix_state, adapt_metric = _build_metric(plan, use_center=use_center, auto_dense=auto_dense,
+                                                    step_size_state=step_size_state)
 
     def window_state(num_chains, dtype):
         zeros = jnp.zeros((num_chains,), dtype)
@@ -306,39 +350,6 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         da_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(lost), a, b), restarted, da_state)
         return jax.tree.map(take, new), da_state, lost
 
-    def close_window(operand):
-        """A mass-matrix window's end: its estimate (shrunk if dense), the dual averaging restarted."""
-        mm_state, imm, da_state, _ = operand
-        dtype = imm.dtype
-        window_mean = mm_state.wc_state.mean.astype(dtype) if use_center else None
-        num_draws = mm_state.wc_state.sample_size
-        mm_state = _as_dtype(_fixed_int(mm[_is_dense(mm_state.inverse_mass_matrix)][2](mm_state)), dtype)
-        if _is_dense(imm):  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
-            raw = mm_state.inverse_mass_matrix
-            covariance = shrink_correlations(raw, num_draws, jnp)
-            if auto_dense:  # correlations no stronger than their noise: the diagonal does better
-                covariance = jnp.where(prefers_dense(raw, num_draws, xp=jnp), covariance,
-                                       jnp.diag(jnp.diag(covariance)))
-            mm_state = mm_state._replace(inverse_mass_matrix=covariance)
-        restart = step_size_state(jnp.exp(da_state.log_step_size))
-        return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart, window_mean
-
-    def adapt_metric(state, flat_new, da_state, in_metric_phase, phase_it):
-        """The pooled Welford estimator takes the chains' positions in a slow window and closes at its end."""
-        dense = _is_dense(state.inverse_mass_matrix)
-
-        def pool_positions(mm_state):
-            return jax.lax.scan(lambda s, x: (mm[_is_dense(s.inverse_mass_matrix)][1](s, x), None), mm_state,
-                                flat_new)[0]
-
-        mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_positions, lambda s: s,
-                                state.mass_matrix_adaptation)
-        window_end = in_metric_phase & is_window_end[phase_it]
-        mm_state, imm, da_state, center = jax.lax.cond(
-            window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state, state.center))
-        whitening = jax.lax.cond(window_end, inverse_cholesky, lambda _: state.whitening, imm) if dense else None
-        return mm_state, imm, da_state, center, whitening
-
     def search_box(state, da_state):
         """At the metric phase's last iteration: the automatic box around eps* (the user's box otherwise)."""
         if not auto_box:
@@ -361,7 +372,7 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         da_state = state.step_size_adaptation
         da_state = jax.tree.map(lambda a, b: jnp.where(in_metric_phase, a, b),
                                 da_update(da_state, pooled_acceptance(accept, early)), da_state)
-        phase_it = jnp.minimum(it, is_slow.shape[0] - 1)
+        phase_it = jnp.minimum(it, is_check.shape[0] - 1)
         is_check_now = in_metric_phase & is_check[phase_it]
         new, da_state, lost = restart_lost(rng_key, new, ld, window, da_state, it, is_check_now)
         warmup_ends = it == plan.num_warmup - 1

@@ -86,6 +86,7 @@ from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense, shrink_corr
 from ahmc.core.space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, check_min_steps_fraction,
                              min_num_steps)
 from ahmc.core.tuner import adapt_probability
+from ahmc.core.schedule import automatic_box, plan_warmup, stan_schedule, steps_for
 from ahmc.core import Config, gp_ucb, search_space
 from ahmc.core.config import GPConfig, resolve_options
 
@@ -162,24 +163,11 @@ class _WarmupFullAdaptState(QuadPotentialFullAdaptState):
 
 
 def stan_windows(num_iterations: int) -> tuple[int, tuple[int, ...]]:
-    """Stan's mass-matrix windows for a warm-up of ``num_iterations``: ``(first, ends)``.
-
-    Draws ``first + 1 ..`` enter the estimate; a window closes after draw ``e`` for ``e`` in
-    ``ends``.  An initial buffer of 75 draws (none estimated), slow windows of 25, 50, 100, ...
-    (the last stretched to the terminal buffer), a terminal buffer of 50 for the step size
-    alone; short warm-ups use 15% / 75% / 10%.
-    """
-    init, term, base = 75, 50, 25
-    if init + term + base > num_iterations:
-        init, term = int(0.15 * num_iterations), int(0.1 * num_iterations)
-        base = num_iterations - init - term
-    ends, start, size = [], init, base
-    while base > 0 and start + size <= num_iterations - term:
-        if start + 3 * size > num_iterations - term:  # the next window would not fit: stretch this one
-            size = num_iterations - term - start
-        ends.append(start + size)
-        start, size = start + size, 2 * size
-    return init, tuple(ends)
+    """Stan's mass-matrix windows for a warm-up of ``num_iterations`` (:func:`ahmc.core.schedule.stan_schedule`,
+    BlackJAX's) as ``(first, ends)``: draws ``first + 1 ..`` enter the estimate; a window closes after draw ``e``
+    for ``e`` in ``ends``."""
+    is_slow, is_end = stan_schedule(int(num_iterations))
+    return (int(np.argmax(is_slow)) if is_slow.any() else 0), tuple(int(i) + 1 for i in np.flatnonzero(is_end))
 
 
 class _WarmupFullAdapt(QuadPotentialFullAdapt):
@@ -517,6 +505,7 @@ class AdaptiveHMC(BaseHMC):
         if not 0 <= metric_fraction < 1:
             raise ValueError(f"metric_fraction must be in [0, 1); got {metric_fraction!r}.")
         self._step_size_bounds, self._num_steps_bounds = step_size_bounds, num_steps_bounds
+        self._adapts_metric = bool(adapt_mass_matrix) and not ({"potential", "scaling"} & set(kwargs))
         self._round_length, self._k, self._freeze_after = int(round_length), k, freeze_after
         self._metric_fraction, self._exploit = float(metric_fraction), bool(exploit_after_warmup)
         self._step_size_factors, self._num_step_sizes = tuple(step_size_factors), int(num_step_sizes)
@@ -560,10 +549,14 @@ class AdaptiveHMC(BaseHMC):
 
     # ---- per-chain state -------------------------------------------------------------------
     def _reset_chain(self, tune):
-        # Rounded as the JAX engine does: int() alone made 1000 * (1 - 0.9) = 99.999... into 9 rounds.
-        rounds = int(round(tune * (1 - self._metric_fraction))) // self._round_length
-        self._num_tune_rounds = rounds
-        self._num_warmup = int(tune) - rounds * self._round_length
+        # The schedule every adapter reads (ahmc.core.schedule): metric phase, rounds in tune, k, freezing.
+        self._plan = plan_warmup(
+            int(tune), metric_fraction=self._metric_fraction, round_length=self._round_length,
+            adapt_mass_matrix=self._adapts_metric, auto_box=not (self._step_size_bounds and self._num_steps_bounds),
+            k=self._k,
+            freeze_after=self._freeze_after)
+        self._num_tune_rounds = self._plan.num_warmup_rounds
+        self._num_warmup = self._plan.metric_phase_length
         self._chain_iteration = 0
         self._tune_length, self._late_tune_accept, self._tune_round_moments = int(tune), [], None
         self._tuner_state = self._round_stats = self._search_box = self._step_jumps = None
@@ -579,10 +572,8 @@ class AdaptiveHMC(BaseHMC):
             self.potential.set_warmup(self._num_warmup)
 
     def _schedule(self):
-        """``(k, freeze_after)`` for this chain: k = rounds in tune unless given."""
-        k = self._k if self._k is not None else max(self._num_tune_rounds, 1)
-        at_tune_end = self._freeze_after in ("tune", "warmup")
-        return k, self._num_tune_rounds + 1 if at_tune_end else self._freeze_after
+        """``(k, freeze_after)`` of this chain's tuner (the plan's: k = rounds in tune unless given)."""
+        return self._plan.k, self._plan.freeze_rounds
 
     def _tuner(self):
         """The core tuner for this chain's box (rebuilt after a ``sampling_state`` restore)."""
@@ -618,7 +609,7 @@ class AdaptiveHMC(BaseHMC):
         eps_star = self._eps_star()
         lo, hi = self._step_size_factors
         eps_box = self._step_size_bounds or (eps_star * lo, eps_star * hi)
-        l_box = self._num_steps_bounds or (1, self._steps_for(self._max_time, eps_star, self._num_steps_cap))
+        l_box = self._num_steps_bounds or (1, int(automatic_box(eps_star, (lo, hi), self._max_time, self._num_steps_cap)[1]))
         self._search_box = tuple(float(v) for v in (*eps_box, *l_box))  # Python numbers: a cheap cache key
         tuner = self._tuner()
         first = tuner.space.arm_index(eps_star, self._steps_for(self._warmup_time, eps_star, self._num_steps_cap))
@@ -858,8 +849,8 @@ class AdaptiveHMC(BaseHMC):
 
     @staticmethod
     def _steps_for(integration_time, step_size, cap):
-        """``L = ceil(T / eps)``, within ``[1, cap]``."""
-        return int(np.clip(math.ceil(integration_time / step_size), 1, cap))
+        """``L = ceil(T / eps)``, within ``[1, cap]`` (ahmc.core.schedule)."""
+        return steps_for(integration_time, step_size, cap)
 
     @staticmethod
     def competence(var, has_grad):

@@ -44,7 +44,7 @@ class WarmupPlan(NamedTuple):
     round_length         iterations per GP round (``m``)
     num_warmup_rounds    GP rounds that end within warm-up
     k                    annealing constant: ``p_i`` decays from round ``k`` on
-    freeze_rounds        rounds after which the arm stops moving (None: never)
+    freeze_rounds        the first round whose end cannot move the arm (None: never)
     is_slow              (metric_phase_length,) bool: iteration feeds the mass-matrix window
     is_window_end        (metric_phase_length,) bool: a mass-matrix window closes after it
     is_check             (metric_phase_length,) bool: the chains are checked after it (end of the
@@ -98,17 +98,14 @@ def plan_warmup(num_warmup: int, *, metric_fraction: float, round_length: int, a
     """The schedule for ``num_warmup`` iterations (options as in :class:`ahmc.core.Config`).
 
     With a user box and a fixed mass matrix there is nothing to learn before the rounds (the
-    paper's setting): no metric phase.  The automatic box needs one.
+    paper's setting): no metric phase.  ``freeze_rounds`` is the core tuner's ``freeze_after``: round
+    ``i`` may move the arm while ``i < freeze_rounds``, so ``"warmup"`` (PyMC: ``"tune"``) lets every
+    warm-up round adapt and the arm is fixed from the first round of sampling on.
     """
     metric_phase = int(round(metric_fraction * num_warmup)) if (auto_box or adapt_mass_matrix) else 0
-    if auto_box and metric_phase < 1:
-        raise ValueError(
-            "The automatic search box needs a metric (dual-averaging) phase: "
-            f"num_warmup={num_warmup} with metric_fraction={metric_fraction} leaves none. "
-            "Give step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi), or more warm-up.")
     num_rounds = max(num_warmup - metric_phase, 0) // round_length
-    if freeze_after == "warmup":
-        freeze_rounds = num_rounds
+    if freeze_after in ("warmup", "tune"):  # every warm-up round may move the arm; none after
+        freeze_rounds = num_rounds + 1
     elif freeze_after is None or (isinstance(freeze_after, (int, np.integer)) and not isinstance(freeze_after, bool)):
         freeze_rounds = freeze_after
     else:
