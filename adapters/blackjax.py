@@ -377,6 +377,7 @@ def run_chains(
     num_samples: int = 1000,
     *,
     paper_preset: bool = False,
+    return_state: bool = False,
     **options,
 ) -> tuple[Any, EngineInfo]:
     """Warm up and sample with :func:`adaptive_hmc`; returns ``(samples, info)``.
@@ -384,12 +385,16 @@ def run_chains(
     ``samples``: the position pytree with leading axes ``(chains, num_samples)``.
     ``info``: :class:`EngineInfo`, fields of shape ``(num_warmup + num_samples, chains)``;
     gradient evaluations = ``info.num_integration_steps`` summed (split by
-    ``info.is_warmup``).
+    ``info.is_warmup``).  ``return_state=True`` returns ``(samples, info, state)``, ``state``
+    the final :class:`EngineState` (its ``box`` and ``tuner`` are what
+    :func:`ahmc.adapters.diagnostics.history_from_blackjax` needs for the reward surface).
+    The run is one compiled program, compiled once per engine and shape: a second call with the
+    same log density, options and shapes compiles nothing.
     """
     check_chain_batch(logdensity_fn, positions, "run_chains")
-    samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
-                               **{**options, "paper_preset": paper_preset})
-    return samples, info
+    samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
+                                   **{**options, "paper_preset": paper_preset})
+    return (samples, info, state) if return_state else (samples, info)
 
 
 # --------------------------------------------------------------------------- #
@@ -519,14 +524,16 @@ def run_rmhmc_chains(
     num_samples: int = 1000,
     *,
     paper_preset: bool = False,
+    return_state: bool = False,
     **options,
 ) -> tuple[Any, EngineInfo]:
-    """Warm up and sample with :func:`adaptive_rmhmc`; returns ``(samples, info)`` as :func:`run_chains`.
+    """Warm up and sample with :func:`adaptive_rmhmc`; returns ``(samples, info)`` (``return_state=True``:
+    ``(samples, info, state)``) as :func:`run_chains`.
 
     Cost: ``info.num_gradient_evals`` (gradients + metric evaluations), not
     ``num_integration_steps``.
     """
     check_chain_batch(logdensity_fn, positions, "run_rmhmc_chains")
-    samples, info, _ = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
-                               build=build_rmhmc_engine, **{**options, "paper_preset": paper_preset})
-    return samples, info
+    samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
+                                   build=build_rmhmc_engine, **{**options, "paper_preset": paper_preset})
+    return (samples, info, state) if return_state else (samples, info)
