@@ -107,7 +107,8 @@ class GPUCBAdaptationInfo(NamedTuple):
     """What :func:`gpucb_adaptation` did.
 
     info : EngineInfo
-        Per-iteration records, every field of shape (num_steps, num_chains):
+        Per-iteration records, every field of shape (num_steps, num_chains), as BlackJAX's
+        ``chees_adaptation`` gives them (:func:`run_chains` puts the chains first, as its samples):
         arm (``step_size``, ``num_steps``), leapfrog steps taken, acceptance,
         divergences, energy, ``reward`` (NaN except at round ends), ``round``,
         ``arm_changed``, ``adapt_probability``.
@@ -203,6 +204,12 @@ def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **o
         return results, GPUCBAdaptationInfo(info, state.box, state.tuner, state)
 
     return AdaptationAlgorithm(run)
+
+
+def _chains_first(info):
+    """Per-iteration records stacked over time, ``(iterations, chains)`` fields, as ``(chains, iterations)``:
+    the axis order of the samples and of ArviZ's ``(chain, draw)``."""
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1) if jnp.ndim(x) >= 2 else x, info)
 
 
 def _stack_chains(position, num_chains: int):
@@ -383,8 +390,8 @@ def run_chains(
     """Warm up and sample with :func:`adaptive_hmc`; returns ``(samples, info)``.
 
     ``samples``: the position pytree with leading axes ``(chains, num_samples)``.
-    ``info``: :class:`EngineInfo`, fields of shape ``(num_warmup + num_samples, chains)``;
-    gradient evaluations = ``info.num_integration_steps`` summed (split by
+    ``info``: :class:`EngineInfo`, fields of shape ``(chains, num_warmup + num_samples)`` (chains first,
+    as the samples); gradient evaluations = ``info.num_integration_steps`` summed (split by
     ``info.is_warmup``).  ``return_state=True`` returns ``(samples, info, state)``, ``state``
     the final :class:`EngineState` (its ``box`` and ``tuner`` are what
     :func:`ahmc.adapters.diagnostics.history_from_blackjax` needs for the reward surface).
@@ -394,6 +401,7 @@ def run_chains(
     check_chain_batch(logdensity_fn, positions, "run_chains")
     samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
                                    **{**options, "paper_preset": paper_preset})
+    info = _chains_first(info)
     return (samples, info, state) if return_state else (samples, info)
 
 
@@ -536,4 +544,5 @@ def run_rmhmc_chains(
     check_chain_batch(logdensity_fn, positions, "run_rmhmc_chains")
     samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
                                    build=build_rmhmc_engine, **{**options, "paper_preset": paper_preset})
+    info = _chains_first(info)
     return (samples, info, state) if return_state else (samples, info)

@@ -221,9 +221,11 @@ def history_from_blackjax(info, *, config=None, names: Mapping | None = None, se
                           **options) -> TuningHistory:
     """Tuning history of a BlackJAX run.
 
-    ``info`` is the ``GPUCBAdaptationInfo`` of ``gpucb_adaptation(...).run`` (it
-    carries the search box) or an ``EngineInfo`` (``run_chains``, ``adaptive_hmc``
-    steps stacked over time), fields of shape (iterations, chains).  The
+    ``info`` is the ``GPUCBAdaptationInfo`` of ``gpucb_adaptation(...).run`` (it carries the search
+    box; fields ``(iterations, chains)`` as BlackJAX's ensemble adaptations give them) or the
+    ``EngineInfo`` of ``run_chains`` (fields ``(chains, iterations)``, as its samples; per-step
+    infos of ``adaptive_hmc``: stack them with ``axis=1``,
+    ``jax.tree.map(lambda *x: jnp.stack(x, 1), *infos)``).  The
     surrogate needs ``config``, or the box (``info.search_box`` or
     ``search_box=``) plus the ``options`` the run was given (GP settings,
     ``num_step_sizes``, ...), resolved as in :func:`config_from_engine`.
@@ -232,12 +234,13 @@ def history_from_blackjax(info, *, config=None, names: Mapping | None = None, se
     strongest correlation and slowest square (the summary's hints on ``dense_mass`` and variances).
     """
     engine_info = getattr(info, "info", info)
+    time_first = engine_info is not info  # GPUCBAdaptationInfo: BlackJAX's (iterations, chains)
     search_box = getattr(info, "search_box", None) if search_box is None else search_box
     fields = engine_info._asdict() if hasattr(engine_info, "_asdict") else dict(engine_info)
     stats = {}
     for name, value in fields.items():
         value = np.asarray(value)
-        stats[name] = value.T if value.ndim == 2 else value  # (iterations, chains) -> (chains, iterations)
+        stats[name] = value.T if (time_first and value.ndim == 2) else value  # -> (chains, iterations)
     if config is None and search_box is not None:
         config = config_from_engine(search_box, **options)
     final_arm = None

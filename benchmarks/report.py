@@ -308,6 +308,8 @@ def load_tuning(path: Path):
 
     with np.load(path) as saved:
         info = {key[len("info_"):]: saved[key] for key in saved.files if key.startswith("info_")}
+        if "chains_first" not in saved.files:  # runs before 2026-12-02 saved (iterations, chains)
+            info = {key: value.T if value.ndim == 2 else value for key, value in info.items()}
         box = (saved["step_size_box"], saved["num_steps_box"])
         options = json.loads(str(saved["options"]))
     known = ("capacity", "lengthscale", "noise_variance", "alpha", "delta", "schedule", "k", "decay",

@@ -630,7 +630,8 @@ def save_tuning(tuning: dict[str, Any], output: Path) -> Path:
     arrays = {f"info_{name}": np.asarray(value) for name, value in tuning["info"].items()}
     np.savez_compressed(path, step_size_box=np.asarray(tuning["search_box"][0]),
                         num_steps_box=np.asarray(tuning["search_box"][1]),
-                        options=np.asarray(json.dumps(tuning["options"])), **arrays)
+                        options=np.asarray(json.dumps(tuning["options"])), chains_first=np.asarray(True),
+                        **arrays)
     return path
 
 

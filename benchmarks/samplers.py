@@ -337,6 +337,8 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
             rng_key, model.logdensity_fn, jnp.asarray(positions), num_warmup, num_samples, return_state=True,
             **options))
     draws = np.asarray(samples).reshape(positions.shape[0], num_samples, -1)
+    chain_info = info  # (chains, iterations), as run_chains returns it; kept for the tuning figure
+    info = jax.tree.map(lambda x: np.swapaxes(np.asarray(x), 0, 1), info)  # (iterations, chains) for the sums
     steps = np.asarray(info.num_integration_steps)
     divergent = np.asarray(info.is_divergent)
     if getattr(info, "is_warmup", None) is not None:
@@ -363,7 +365,7 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
         extra["restarts"] = _as_float_list(np.asarray(info.restarted).sum(axis=0))
     keep = None
     if getattr(state, "box", None) is not None and hasattr(info, "_asdict"):
-        keep = {"tuning": {"info": {k: np.asarray(v) for k, v in info._asdict().items()},
+        keep = {"tuning": {"info": {k: np.asarray(v) for k, v in chain_info._asdict().items()},
                            "search_box": (np.asarray(state.box.step_size), np.asarray(state.box.num_steps)),
                            "options": dict(options)}}
     return SamplerRun(
@@ -582,7 +584,7 @@ def _pymc_sample(pm_model, step, positions, num_warmup, num_samples, seed, cores
     sampling_spans = draw_end - draw_start[:, 0]
     loop_start, loop_end = float(first.min()), float(draw_end.max())
     # Chains overlap in time with cores > 1 (processes) and with a population step method such as
-    # AdaptiveHMC(pooled=True), which PyMC steps in lockstep in one process; then each chain's span
+    # PooledAdaptiveHMC, which PyMC steps in lockstep in one process; then each chain's span
     # covers the others' work too, and summing the spans would count the loop's time once per chain.
     order = np.argsort(first)
     estimated = bool(np.any(first[order][1:] < draw_end[order][:-1]))
@@ -643,13 +645,14 @@ def run_ahmc_pymc(rng_key, model, positions, num_warmup, num_samples, **options)
     """
     import time
 
-    from ahmc.adapters.pymc import AdaptiveHMC
+    from ahmc.adapters.pymc import AdaptiveHMC, PooledAdaptiveHMC
 
     options = dict(options)
     cores = int(options.pop("cores", 1))
+    step_class = PooledAdaptiveHMC if options.pop("pooled", False) else AdaptiveHMC
     pm_model = _pymc_model(model)
     start = time.perf_counter()
-    step = AdaptiveHMC(model=pm_model, **options)
+    step = step_class(model=pm_model, **options)
     compile_s = time.perf_counter() - start
     idata, pieces = _pymc_sample(pm_model, step, positions, num_warmup, num_samples, _int_seed(rng_key), cores)
     stats = idata.sample_stats
@@ -667,7 +670,7 @@ def run_ahmc_pymc(rng_key, model, positions, num_warmup, num_samples, **options)
 
 def run_ahmc_pymc_jax(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
     """ahmc's compiled path for PyMC models: the PyMC model's log density turned into JAX by PyMC's
-    JAX backend (``ahmc.adapters.pymc_jax.jax_logdensity``, as ``sample_numpyro_ahmc`` does), sampled
+    JAX backend (``ahmc.adapters.pymc.jax_logdensity``, as ``sample_numpyro_ahmc`` does), sampled
     by the NumPyro kernel with vectorized chains (one pooled tuner).
 
     It drives the kernel directly, as ``run_ahmc_numpyro`` does, so that warm-up, sampling and
@@ -676,7 +679,7 @@ def run_ahmc_pymc_jax(rng_key, model, positions, num_warmup, num_samples, **opti
     """
     import jax.numpy as jnp
 
-    from ahmc.adapters.pymc_jax import jax_logdensity
+    from ahmc.adapters.pymc import jax_logdensity
 
     pm_model = _pymc_model(model)
     names = [v.name for v in pm_model.value_vars]
@@ -839,6 +842,7 @@ def run_armhmc(rng_key, model, positions, num_warmup, num_samples, **options) ->
         samples, info = jax.block_until_ready(run_rmhmc_chains(
             rng_key, model.logdensity_fn, jnp.asarray(positions), num_warmup, num_samples,
             metric=metric_for(model.name), **options))
+    info = jax.tree.map(lambda x: np.swapaxes(np.asarray(x), 0, 1), info)  # (iterations, chains) for the sums
     is_warmup = np.asarray(info.is_warmup, dtype=bool)
     units_warmup, units_sampling = _split_by_phase(info.num_gradient_evals, is_warmup)
     divergent_warmup, divergent_sampling = _split_by_phase(info.is_divergent, is_warmup)
@@ -892,7 +896,7 @@ DENSE_SAMPLERS: dict[str, Runner] = {
 
 # Run by name only (not in the default set): the PyMC model on the compiled JAX engine, ahmc's
 # adapters with dense_mass="auto" (dense where the warm-up's correlations stand out from their noise;
-# diagonal above d = 200, so these run on every model), and the PyMC step with pooled=True.
+# diagonal above d = 200, so these run on every model), and PooledAdaptiveHMC.
 BY_NAME_SAMPLERS: dict[str, Runner] = {
     "ahmc_pymc_jax": run_ahmc_pymc_jax,
     "ahmc_blackjax_auto": _with_defaults(run_ahmc_blackjax, "dense_mass='auto'", dense_mass="auto"),

@@ -587,3 +587,9 @@ def assert_reference_match(
                 failures,
             )
         )
+
+
+def time_major(info):
+    """``run_chains``' info (fields ``(chains, iterations)``, as its samples) with the iterations first, as a
+    scan of a step gives it: the layout the engine's own tests index."""
+    return type(info)(*(np.swapaxes(np.asarray(x), 0, 1) if np.ndim(x) >= 2 else x for x in info))

@@ -15,6 +15,8 @@ import pytest
 
 from benchmarks import metrics, models, run
 
+from .reference import time_major
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -168,12 +170,13 @@ def test_ahmc_runner_calls_run_chains_and_times_compilation_apart():
     key = jax.random.key(5)
     out = run.SAMPLERS["ahmc_blackjax"](key, model, positions, 60, 40)
     samples, info, state = run_chains(key, model.logdensity_fn, jnp.asarray(positions), 60, 40, return_state=True)
+    assert out.keep["tuning"]["info"]["num_integration_steps"].shape == (3, 100)  # as run_chains returns it
+    info = time_major(info)  # run_chains: (chains, iterations)
     np.testing.assert_array_equal(out.draws, np.asarray(samples))
     steps = np.asarray(info.num_integration_steps)
     np.testing.assert_array_equal(out.num_grads_warmup, steps[:60].sum(axis=0))
     np.testing.assert_array_equal(out.num_grads_sampling, steps[60:].sum(axis=0))
     assert out.num_grads_sampling.sum() > 0
-    assert out.keep["tuning"]["info"]["num_integration_steps"].shape == (100, 3)
     assert out.keep["tuning"]["search_box"][1].tolist() == np.asarray(state.box.num_steps).tolist()
     assert out.extra["final_step_size"] == np.asarray(info.step_size)[-1].tolist()
     timing = out.timing

@@ -28,7 +28,7 @@ MARKERS = {
     "core": "from ahmc.core import search_space, gp_ucb",
     "blackjax_guide": "pooled = pooled_adaptive_hmc(logdensity_fn, num_chains=4, num_warmup=1000)",
     "numpyro_in_own_loop": "init = initialize_model(",
-    "pymc_pooled": "AdaptiveHMC(pooled=True)",
+    "pymc_pooled": "PooledAdaptiveHMC()",
     "compiled_options": "sample_numpyro_ahmc(discard_tuned_samples=False, dense_mass=True)",
     "datatree_diagnostics": "history = history_from_datatree(tree)",
     "rmhmc_jax": "samples, info = run_rmhmc_chains(key, logdensity_fn, positions, 500, 1000, metric=metric)",
@@ -119,12 +119,12 @@ def test_pymc_quickstart_runs():
 def test_pymc_pooled_line_runs():
     """The one-line pooled example, in a small model (fewer draws)."""
     pm = pytest.importorskip("pymc")
-    from ahmc.adapters.pymc import AdaptiveHMC
+    from ahmc.adapters.pymc import PooledAdaptiveHMC
 
     code = block("pymc_pooled").replace("tune=1000, draws=1000", "tune=300, draws=200")
     with pm.Model():
         pm.Normal("x", 0.0, [1.0, 10.0], shape=2)
-        names = run(code, pm=pm, AdaptiveHMC=AdaptiveHMC)
+        names = run(code, pm=pm, PooledAdaptiveHMC=PooledAdaptiveHMC)
     stats = names["idata"].sample_stats
     assert names["idata"].posterior["x"].shape == (4, 200, 2)
     np.testing.assert_array_equal(stats["step_size"].values[1:], np.broadcast_to(stats["step_size"].values[0], (3, 200)))

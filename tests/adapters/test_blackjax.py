@@ -28,7 +28,7 @@ from ahmc.adapters.blackjax import (  # noqa: E402
 )
 from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
 
-from ..reference import assert_moments_match, assert_reference_match, load_reference  # noqa: E402
+from ..reference import assert_moments_match, assert_reference_match, load_reference, time_major  # noqa: E402
 
 NUM_CHAINS = 4
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +56,7 @@ def initial_positions(seed, dim, scale=1.0):
 
 def test_standard_normal_10d_and_the_pooled_tuner_shares_one_arm():
     samples, info = run_chains(jax.random.key(0), standard_normal, initial_positions(1, 10), 1000, 2000)
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert samples.shape == (NUM_CHAINS, 2000, 10)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.ones(10))
     # Pooled (the default): every chain runs the same arm and sees the same reward at every iteration.
@@ -74,6 +75,7 @@ def test_correlated_gaussian_2d():
         return -0.5 * x @ precision @ x
 
     samples, info = run_chains(jax.random.key(2), logdensity, initial_positions(3, 2), 1000, 2000)
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert_moments_match(np.asarray(samples), np.zeros(2), np.ones(2))
     # The tuner found long trajectories (the narrow direction forces a small step).
     sampling = ~np.asarray(info.is_warmup[:, 0])
@@ -195,6 +197,7 @@ def test_ill_scaled_diagonal_gaussian():
     """Scales from 0.01 to 100: the warm-up mass matrix makes AHMC scale-free."""
     scales, logdensity = ILL_SCALES, ill_scaled_gaussian
     samples, info = run_chains(jax.random.key(4), logdensity, initial_positions(5, 10), 1000, 2000)
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
 
 
@@ -202,6 +205,7 @@ def test_shared_num_steps_samples_the_target():
     """The default (shared_num_steps=True): one L_t for all chains each iteration, uniform on {1..L}; exact."""
     scales, logdensity = ILL_SCALES, ill_scaled_gaussian
     samples, info = run_chains(jax.random.key(40), logdensity, initial_positions(41, 10), 1000, 2000)
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
     taken, arm = np.asarray(info.num_integration_steps), np.asarray(info.num_steps)
     np.testing.assert_array_equal(taken, np.broadcast_to(taken[:, :1], taken.shape))  # common to the chains
@@ -216,6 +220,7 @@ def test_independent_num_steps_samples_the_target():
     scales, logdensity = ILL_SCALES, ill_scaled_gaussian
     samples, info = run_chains(jax.random.key(44), logdensity, initial_positions(45, 10), 1000, 2000,
                                shared_num_steps=False)
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
     taken, arm = np.asarray(info.num_integration_steps), np.asarray(info.num_steps)
     assert np.all((taken >= 1) & (taken <= arm))
@@ -230,6 +235,7 @@ def test_upper_half_jitter_samples_the_target_and_stays_in_range():
     scales, logdensity = ILL_SCALES, ill_scaled_gaussian
     samples, info = run_chains(jax.random.key(42), logdensity, initial_positions(43, 10), 1000, 2000,
                                min_steps_fraction=0.5)
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(scales))
     taken, arm = np.asarray(info.num_integration_steps), np.asarray(info.num_steps)
     lowest = np.ceil(arm / 2)
@@ -314,6 +320,7 @@ def test_eight_schools_noncentered_reference():
         "theta_trans": jax.random.normal(jax.random.fold_in(key, 2), (NUM_CHAINS, 8)),
     }
     samples, info = run_chains(jax.random.key(7), eight_schools_noncentered(), positions, 1000, 2000)
+    info = time_major(info)  # run_chains: (chains, iterations)
     tau = np.exp(np.asarray(samples["log_tau"]))
     mu = np.asarray(samples["mu"])
     draws = {"mu": mu, "tau": tau, "theta": mu[..., None] + tau[..., None] * np.asarray(samples["theta_trans"])}
@@ -343,6 +350,7 @@ def test_sblrc_blr_reference():
         "log_sigma": 0.1 * jax.random.normal(jax.random.fold_in(key, 1), (NUM_CHAINS,)),
     }
     samples, info = run_chains(jax.random.key(9), logdensity, positions, 1000, 1000)
+    info = time_major(info)  # run_chains: (chains, iterations)
     draws = {"beta": np.asarray(samples["beta"], np.float64), "sigma": np.exp(np.asarray(samples["log_sigma"], np.float64))}
     assert_reference_match(draws, "sblrc-blr")
 
@@ -409,6 +417,7 @@ def test_num_steps_bounds_alone_keeps_the_automatic_step_size_box():
 
     samples, info = run_chains(jax.random.key(31), logdensity, initial_positions(32, 3, scale), 1000, 2000,
                                num_steps_bounds=(2, 6), adapt_mass_matrix=False)
+    info = time_major(info)  # run_chains: (chains, iterations)
     rounds = np.asarray(info.round)
     arm_steps, step_sizes = np.asarray(info.num_steps)[rounds > 0], np.asarray(info.step_size)[rounds > 0]
     assert arm_steps.min() == 2 and arm_steps.max() <= 6 and len(np.unique(arm_steps)) >= 3
@@ -440,6 +449,7 @@ def test_parameters_work_in_plain_blackjax_loop(warmed_up):
 def test_same_key_same_draws():
     positions = initial_positions(13, 3)
     first, info = run_chains(jax.random.key(14), standard_normal, positions, 200, 100)
+    info = time_major(info)  # run_chains: (chains, iterations)
     again, _ = run_chains(jax.random.key(14), standard_normal, positions, 200, 100)
     other, _ = run_chains(jax.random.key(15), standard_normal, positions, 200, 100)
     np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
@@ -450,6 +460,7 @@ def test_independent_tuners_run_and_differ():
     samples, info = run_chains(
         jax.random.key(16), standard_normal, initial_positions(17, 5), 1000, 2000, pooled=False
     )
+    info = time_major(info)  # run_chains: (chains, iterations)
     step_sizes = np.asarray(info.step_size)[-1]
     assert len(set(step_sizes.tolist())) > 1  # each chain has its own arm
     rewards = np.asarray(info.reward)
@@ -484,6 +495,7 @@ def test_adaptive_hmc_continues_the_warmup_and_freezes():
 @pytest.mark.slow  # ~20 s; the schedule: tests/core, PyMC's stats tests; default run under 15 min (2026-11-29)
 def test_infinite_adaptation_probability_decays():
     _, info = run_chains(jax.random.key(23), standard_normal, initial_positions(24, 3), 400, 2000)
+    info = time_major(info)  # run_chains: (chains, iterations)
     p = np.asarray(info.adapt_probability[:, 0])
     warm = np.asarray(info.is_warmup[:, 0])
     assert np.all(p[warm] == 1.0)
@@ -498,6 +510,7 @@ def test_paper_preset():
         jax.random.key(25), standard_normal, initial_positions(26, 5), 500, 100,
         paper_preset=True, step_size_bounds=(0.05, 1.5), num_steps_bounds=(1, 20),
     )
+    info = time_major(info)  # run_chains: (chains, iterations)
     rounds = np.asarray(info.round[:, 0])
     assert rounds[0] == 1 and rounds[9] == 1 and rounds[10] == 2
     assert np.all(np.asarray(info.adapt_probability) == 1.0)  # 60 rounds < k = 100
@@ -525,6 +538,7 @@ def test_divergences_are_counted_not_fatal():
         jax.random.key(29), standard_normal, initial_positions(30, 10), 200, 200,
         paper_preset=True, step_size_bounds=(1.0, 4.0), num_steps_bounds=(5, 10),
     )
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert int(np.asarray(info.is_divergent).sum()) > 0
     assert np.isfinite(np.asarray(samples)).all()
     assert np.isfinite(np.asarray(info.reward)[np.isfinite(np.asarray(info.reward))]).all()
@@ -538,6 +552,7 @@ def test_divergence_penalty_lowers_the_reward_of_rounds_with_divergences():
             jax.random.key(29), standard_normal, initial_positions(30, 10), 40, 0, pooled=False,
             paper_preset=True, step_size_bounds=(2.2, 2.6), num_steps_bounds=(5, 10), divergence_penalty=penalty,
         )
+        runs[penalty] = time_major(runs[penalty])  # run_chains: (chains, iterations)
     divergent = np.asarray(runs[0.0].is_divergent[:10])
     assert 0 < divergent.sum() < divergent.size  # some chains diverged in the round, not all transitions
     np.testing.assert_array_equal(divergent, np.asarray(runs[10.0].is_divergent[:10]))
@@ -573,7 +588,8 @@ def test_multi_device_sharded_chains():
         # Same algorithm as unsharded; reductions may associate differently, so only
         # the first iterations agree to rounding before the chains drift apart.
         _, reference = run_chains(jax.random.key(1), logdensity, np.asarray(positions), 300, 500)
-        np.testing.assert_allclose(np.asarray(info.logdensity[:10]), np.asarray(reference.logdensity[:10]), rtol=1e-3)
+        np.testing.assert_allclose(np.asarray(info.logdensity[:, :10]), np.asarray(reference.logdensity[:, :10]),
+                                   rtol=1e-3)
         draws = np.asarray(samples).reshape(-1, 3)
         assert np.all(np.abs(draws.mean(0)) < 0.3) and np.all(np.abs(draws.var(0) - 1) < 0.4), draws.var(0)
         """
@@ -610,6 +626,7 @@ def test_a_non_finite_reward_warns_and_the_run_goes_on():
     with pytest.warns(UserWarning, match="reward was not finite.*check the objective"):
         samples, info = run_chains(jax.random.key(5), standard_normal, initial_positions(6, 3), 200, 100,
                                    objective=nan_on_long_arms, **options)
+        info = time_major(info)  # run_chains: (chains, iterations)
     rewards, arm_l, rounds = (np.asarray(x)[:, 0] for x in (info.reward, info.num_steps, info.round))
     ends = np.flatnonzero((rounds[:-1] > 0) & (rounds[1:] > rounds[:-1]))  # the last iteration of each GP round
     long_arm = arm_l[ends] > 8
@@ -763,7 +780,7 @@ def test_jump_estimates_make_the_same_first_round_with_different_rewards():
                                  jump_estimate=estimate)
             for estimate in ("transition", "trajectory")}
     np.testing.assert_allclose(np.asarray(runs["trajectory"][0]), np.asarray(runs["transition"][0]), rtol=1e-4)
-    rewards = {k: np.asarray(info.reward[9]) for k, (_, info) in runs.items()}
+    rewards = {k: np.asarray(info.reward[:, 9]) for k, (_, info) in runs.items()}
     assert np.isfinite(rewards["trajectory"]).all() and not np.allclose(rewards["trajectory"], rewards["transition"])
     with pytest.raises(ValueError, match="jump_estimate"):
         adaptive_hmc(standard_normal, jump_estimate="steps")
@@ -778,6 +795,7 @@ def test_jump_estimates_make_the_same_first_round_with_different_rewards():
 def test_trajectory_jump_estimate_samples_the_target(dense_mass):
     samples, info = run_chains(jax.random.key(7), ill_scaled_gaussian, initial_positions(8, 10), 1000, 1000,
                                jump_estimate="trajectory", dense_mass=dense_mass)
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(ILL_SCALES))
     rewards = np.asarray(info.reward)  # NaN except at round ends: 150 rounds after the 500 metric iterations
     assert np.isfinite(rewards).sum() == 150 * NUM_CHAINS

@@ -24,7 +24,7 @@ from ahmc.adapters._jax_warmup import WindowStats, _warn_host, climbing, far_bel
 from ahmc.adapters.blackjax import run_chains  # noqa: E402
 from ahmc.adapters.numpyro import AdaptiveHMC  # noqa: E402
 
-from ..reference import assert_moments_match  # noqa: E402
+from ..reference import assert_moments_match, time_major  # noqa: E402
 
 DIM = 3
 TRAP = 8.0  # the bump sits at (8, 8, 8)
@@ -69,6 +69,7 @@ def test_two_chains_cannot_restart_but_warn():
     """With 2 chains the median cannot tell which chain is lost: no restart, a warning instead."""
     with pytest.warns(UserWarning, match=r"chain\(s\) \[1\]"):
         samples, info = run_chains(jax.random.key(4), trapped_logdensity, trapped_start(2), 150, 10)
+        info = time_major(info)  # run_chains: (chains, iterations)
         np.asarray(samples)  # wait for the host callback
     assert not np.asarray(info.restarted).any()
     assert np.allclose(np.asarray(samples)[1], TRAP, atol=0.1)  # still trapped
@@ -147,6 +148,7 @@ def test_early_warmup_ignores_a_trapped_chain_and_caps_the_trajectories():
     first_window_end = int(np.argmax(np.asarray(build_schedule(num_warmup // 2))[:, 1]))  # metric_fraction 0.5
     early = slice(10, first_window_end + 1)  # after dual averaging's first moves
     _, info = run_chains(jax.random.key(5), trapped_logdensity, trapped_start(4), num_warmup, 10)
+    info = time_major(info)  # run_chains: (chains, iterations)
     assert np.median(np.asarray(info.step_size)[early]) > 0.3
     assert np.asarray(info.num_integration_steps)[early].mean() < 8
 
@@ -154,6 +156,7 @@ def test_early_warmup_ignores_a_trapped_chain_and_caps_the_trajectories():
         return -0.5 * jnp.sum((x / 0.01) ** 2)
 
     _, info = run_chains(jax.random.key(5), narrow, jnp.asarray(0.01 * trapped_start(4)), num_warmup, 10)
+    info = time_major(info)  # run_chains: (chains, iterations)
     steps = np.asarray(info.num_integration_steps)
     assert steps[: first_window_end + 1].max() <= EARLY_MAX_STEPS  # without the cap: ~200
     assert np.median(np.asarray(info.step_size)[first_window_end + 50: num_warmup // 2]) > 0.3  # metric learned

@@ -11,7 +11,7 @@ pm = pytest.importorskip("pymc")
 
 from pymc.exceptions import SamplingError  # noqa: E402
 
-from ahmc.adapters.pymc import STATS, AdaptiveHMC  # noqa: E402
+from ahmc.adapters.pymc import STATS, AdaptiveHMC, PooledAdaptiveHMC  # noqa: E402
 from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
 from tests.conventions.pymc_models import posteriordb_model  # noqa: E402
 from tests.reference import _mean_and_mcse, assert_moments_match, assert_reference_match, load_reference  # noqa: E402
@@ -36,7 +36,9 @@ def sample(model, *, step_kwargs=None, **kwargs):
                    compute_convergence_checks=False)
     options.update(kwargs)
     with model:
-        return pm.sample(step=AdaptiveHMC(**(step_kwargs or {})), **options)
+        step_kwargs = dict(step_kwargs or {})
+        step_class = PooledAdaptiveHMC if step_kwargs.pop("pooled", False) else AdaptiveHMC
+        return pm.sample(step=step_class(**step_kwargs), **options)
 
 
 # ---- correctness ---------------------------------------------------------------------------
@@ -102,7 +104,7 @@ def test_dense_mass_whitens_a_correlated_gaussian():
 def test_dense_mass_auto_keeps_correlations_only_where_they_stand_out(correlated):
     """dense_mass="auto": Stan's windows over one chain's 900 draws keep the dense estimate for
     correlations 0.9^|i-j| and only its diagonal for independent coordinates (the same variances)."""
-    from ahmc.adapters.pymc import _WarmupFullAdapt
+    from ahmc.adapters.pymc._step import _WarmupFullAdapt
 
     dim, rng = 6, np.random.default_rng(20 + correlated)
     scales = np.logspace(-1, 1, dim)
@@ -150,7 +152,7 @@ def test_dense_mass_spends_most_of_tune_on_the_metric():
 
 
 def test_stan_windows_match_stans_schedule():
-    from ahmc.adapters.pymc import stan_windows
+    from ahmc.adapters.pymc._step import stan_windows
 
     # Stan, 1000 warm-up: buffer 75, windows 25/50/100/200/500 (the last stretched), terminal 50.
     assert stan_windows(1000) == (75, (100, 150, 250, 450, 950))
@@ -280,7 +282,7 @@ def test_a_compound_step_evaluates_every_start():
 def test_each_chain_gets_a_fresh_tuner_and_state_round_trips(dense_mass, pooled):
     model = gaussian_model()
     with model:
-        step = AdaptiveHMC(round_length=5, dense_mass=dense_mass, pooled=pooled)
+        step = (PooledAdaptiveHMC if pooled else AdaptiveHMC)(round_length=5, dense_mass=dense_mass)
     point = model.initial_point()
     step.setup_chain(np.random.default_rng(0), tune=40, draws=20)
     for _ in range(30):  # past warm-up, into the GP rounds
@@ -562,7 +564,7 @@ def test_pooled_chains_share_one_tuner_and_keep_their_own_draws():
     from tests.core.test_diagnostics import assert_same_tuner
 
     with gaussian_model():
-        step = AdaptiveHMC(pooled=True, round_length=5)
+        step = PooledAdaptiveHMC(round_length=5)
         assert isinstance(step, AdaptiveHMC) and type(step).__name__ == "PooledAdaptiveHMC"
         idata = pm.sample(step=step, tune=200, draws=100, chains=3, cores=1, random_seed=7, progressbar=False,
                           discard_tuned_samples=False, compute_convergence_checks=False)
@@ -583,7 +585,7 @@ def test_pooled_chains_share_one_tuner_and_keep_their_own_draws():
     assert_same_tuner(replay(history), step._tuner_state)
     # The same seed gives the same draws.
     with gaussian_model():
-        again = pm.sample(step=AdaptiveHMC(pooled=True, round_length=5), tune=200, draws=100, chains=3, cores=1,
+        again = pm.sample(step=PooledAdaptiveHMC(round_length=5), tune=200, draws=100, chains=3, cores=1,
                           random_seed=7, progressbar=False, compute_convergence_checks=False)
     np.testing.assert_array_equal(again.posterior["x"].values, x)
 
@@ -607,8 +609,10 @@ def test_pooled_is_a_bool_and_not_for_rmhmc():
 
     with gaussian_model(), pytest.raises(ValueError, match="pooled must be True or False"):
         AdaptiveHMC(pooled="yes")
-    with gaussian_model(), pytest.raises(ValueError, match="pooled=True is not available for AdaptiveRMHMC"):
+    with gaussian_model(), pytest.raises(ValueError, match=r"AdaptiveRMHMC\(pooled=True\) is not available"):
         AdaptiveRMHMC(pooled=True)
+    with gaussian_model(), pytest.raises(ValueError, match=r"use PooledAdaptiveHMC\(\.\.\.\)"):
+        AdaptiveHMC(pooled=True)  # one tuner for all chains is its own (population) step method
 
 
 def test_non_finite_initial_density_raises_sampling_error():
@@ -659,7 +663,7 @@ def test_pooled_step_replaces_pymcs_cores_advice(caplog):
     from ahmc.adapters.pymc import POOLED_CORES_MESSAGE
 
     with gaussian_model(), caplog.at_level(logging.INFO, logger="pymc"):
-        pm.sample(step=AdaptiveHMC(pooled=True), tune=60, draws=20, chains=2, cores=1, progressbar=False,
+        pm.sample(step=PooledAdaptiveHMC(), tune=60, draws=20, chains=2, cores=1, progressbar=False,
                   random_seed=1, compute_convergence_checks=False)
     messages = [record.getMessage() for record in caplog.records]
     assert POOLED_CORES_MESSAGE in messages

@@ -13,7 +13,7 @@ from scipy.special import gammaln
 
 pm = pytest.importorskip("pymc")
 
-from ahmc.adapters.pymc import AdaptiveHMC  # noqa: E402
+from ahmc.adapters.pymc import AdaptiveHMC, PooledAdaptiveHMC  # noqa: E402
 from tests.conventions.pymc_models import BUILDERS, posteriordb_model  # noqa: E402
 from tests.reference import _mean_and_mcse, assert_reference_match, bulk_ess, load_reference  # noqa: E402
 
@@ -50,7 +50,7 @@ def test_step_recovers_from_a_far_start(seed):
 
 
 def test_compiled_route_recovers_from_a_far_start():
-    from ahmc.adapters.pymc_jax import sample_numpyro_ahmc
+    from ahmc.adapters.pymc import sample_numpyro_ahmc
 
     model, truth = far_start_regression(1)
     with model:
@@ -137,8 +137,8 @@ def test_compound_step_with_metropolis():
 
 def test_pooled_step_in_a_compound_step_is_refused():
     model, _ = coal_mining()
-    with model, pytest.raises(ValueError, match=r"pooled=True\) must sample every free variable.*\['switchpoint'\]"):
-        AdaptiveHMC(vars=[model["early_rate"], model["late_rate"]], pooled=True)
+    with model, pytest.raises(ValueError, match=r"PooledAdaptiveHMC must sample every free variable.*\['switchpoint'\]"):
+        PooledAdaptiveHMC(vars=[model["early_rate"], model["late_rate"]])
 
 
 # ---- energy and lp, as PyMC's NUTS reports them ---------------------------------------------------------
@@ -165,7 +165,7 @@ def test_step_energy_and_lp_follow_pymc():
 def test_compiled_route_energy_and_lp_follow_pymc():
     import arviz as az
 
-    from ahmc.adapters.pymc_jax import sample_numpyro_ahmc
+    from ahmc.adapters.pymc import sample_numpyro_ahmc
 
     with gaussian():
         idata = sample_numpyro_ahmc(500, tune=300, chains=2, random_seed=2, progressbar=False,
@@ -197,7 +197,7 @@ def test_posteriordb_reference(route, name):
         if route == "step":
             idata = pm.sample(step=AdaptiveHMC(), tune=1000, draws=1000, chains=4, cores=2, random_seed=3, **QUIET)
         else:
-            from ahmc.adapters.pymc_jax import sample_numpyro_ahmc
+            from ahmc.adapters.pymc import sample_numpyro_ahmc
 
             idata = sample_numpyro_ahmc(1000, tune=1000, chains=4, random_seed=3, progressbar=False,
                                         compute_convergence_checks=False)

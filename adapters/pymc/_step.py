@@ -1,36 +1,4 @@
-"""PyMC step method: HMC whose step size and path length an annealed GP-UCB bandit tunes.
-
->>> with model:                                            # doctest: +SKIP
-...     idata = pm.sample(step=AdaptiveHMC())
-
-Each chain runs in two phases.
-
-* **Metric phase** (the first ``metric_fraction`` of ``tune``): PyMC's own
-  dual averaging of the step size and its diagonal mass-matrix adaptation (as
-  NUTS does), with ``L`` uniform on ``{1..ceil(warmup_integration_time / eps)}``.
-  This yields ``eps*`` and the metric.
-* **Rounds** (the rest of ``tune`` and all draws): the metric is fixed, since a
-  changing metric would move the optimal ``eps``.  Every ``round_length``
-  iterations the round's reward, measured in the whitened metric, goes to
-  :func:`ahmc.core.gp_ucb`, which may move ``(eps, L)`` inside a box around
-  ``eps*``.  Each iteration draws its leapfrog count uniformly from
-  ``{1..L}`` (Wang, Mohamed & de Freitas 2013, Algorithm 2).  The schedule's
-  ``k`` defaults to the number of rounds in tune, so the adaptation
-  probability is 1 during tune and then decays as ``p_i = (i - k + 1)^(-1/2)``.
-  At the end of tune the arm is set to the maximiser of the GP mean
-  (``exploit_after_warmup``), since the last UCB proposal is often exploratory.
-
-Each chain has its own tuner unless ``pooled=True``: then one tuner takes the chains' mean reward
-every round, the warm-up's step size and diagonal mass matrix are pooled too, and PyMC steps the
-chains in lockstep in one process (:class:`PooledAdaptiveHMC`).
-
-Adapting after tune is deliberate: every arm's kernel leaves the posterior
-invariant, ``p_i -> 0`` and the grid of arms is finite, so the chain stays
-ergodic (paper, section 4).  ``freeze_after="tune"`` stops it at the end of
-tune.  Per-draw stats (``step_size``, ``max_steps``, ``tuning_round``,
-``reward``, ``arm_changed``, ``adapt_probability``, the search box) are enough to
-rebuild the tuning history from the returned DataTree.
-"""
+"""The PyMC step method :class:`AdaptiveHMC` (its potentials, integrator and stats); see :mod:`ahmc.adapters.pymc`."""
 
 from __future__ import annotations
 
@@ -46,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.linalg
 
-from ._extras import require
+from .._extras import require
 
 require("pymc", "pymc")
 import pytensor  # noqa: E402
@@ -90,20 +58,23 @@ from ahmc.core.schedule import automatic_box, plan_warmup, stan_schedule, steps_
 from ahmc.core import Config, gp_ucb, search_space
 from ahmc.core.config import GPConfig, resolve_options
 
-from . import _riemann
-from ._pymc_fisher import assemble_fisher, fisher_parts, flatten_parts, unflatten_parts
-from ._riemann import Geometry, NotPositiveDefiniteError
-from .diagnostics import PYMC_HMC_DEFAULTS
+from .. import _riemann
+from .._pymc_fisher import assemble_fisher, fisher_parts, flatten_parts, unflatten_parts
+from .._riemann import Geometry, NotPositiveDefiniteError
+from ..diagnostics import PYMC_HMC_DEFAULTS
 
 #: Metrics read off the model's variables (``_pymc_fisher``): its expected Fisher information, or the diagonal.
 MODEL_METRICS = ("fisher", "diagonal_fisher")
+
 
 #: ``metric_fraction`` with ``dense_mass=True``: one chain's dense estimate needs most of tune (five
 #: seeds of the logistic regressions, docs/algorithm.md "Dense mass matrix": 0.9 against 0.5 raised the min ESS per
 #: gradient from 0.37x to 0.99x PyMC's dense NUTS on breast cancer, d = 31).
 DENSE_METRIC_FRACTION = 0.9
 
+
 __all__ = ["AdaptiveHMC", "AdaptiveRMHMC", "STATS", "RMHMC_STATS", "constant_metric", "fisher_logistic_metric"]
+
 
 #: (name, dtype, shape, meaning): the single source of ``AdaptiveHMC.stats_dtypes_shapes``.
 STATS = (
@@ -234,12 +205,17 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
 # stops well before its momentum overflows (a jump to overflow within one step ends it too, as NaN).
 _BLOWN_UP_SPAN = 1e50
 
+
 # A chain accepting fewer than this share of its proposals over the last STUCK_WINDOW tune iterations is
 # reported as stuck (the JAX engine's threshold).
 STUCK_ACCEPTANCE, STUCK_WINDOW = 0.05, 100
+
+
 # Tune's GP rounds whose draws vary this many times more than the mass matrix assumes (in some coordinate)
 # are reported: a well-adapted metric gives a ratio near 1 (within its estimation noise, a factor of 2).
 SCALE_MISMATCH_RATIO = 10.0
+
+
 # A tune step size (in the mass matrix's units) beyond this means a flat, improper posterior (the JAX engine's).
 FLAT_STEP_SIZE = 1e10
 
@@ -311,12 +287,16 @@ class AdaptiveHMCState(BaseHMCState):
 
 
 _PROGRESS_STATS = ("divergences", "step_size", "max_steps", "n_steps")
+
+
 # The Config options the PyMC step reads, in the order AdaptiveHMC.__init__ unpacks them.
 _PYMC_OPTIONS = ("step_size_bounds", "num_steps_bounds", "round_length", "objective", "divergence_penalty",
                  "jump_estimate", "schedule", "k", "decay", "freeze_after", "adapt_mass_matrix", "initial_step_size",
                  "metric_fraction", "step_size_factors", "max_integration_time", "warmup_integration_time",
                  "num_steps_cap", "num_step_sizes", "exploit_after_warmup", "capacity", "lengthscale",
                  "noise_variance", "alpha", "delta", "min_steps_fraction", "dense_mass", "log_step_size")
+
+
 # Config options of the JAX routes only: refused here rather than ignored.
 _JAX_ONLY = {"num_num_steps": "the PyMC step's automatic box has every integer L",
              "restart_lost_chains": "PyMC runs each chain apart, so no chain can be restarted from another"}
@@ -447,11 +427,8 @@ class AdaptiveHMC(BaseHMC):
 
         return (update_stats,)
 
-    def __new__(cls, *args, pooled=False, **kwargs):
-        # pooled=True: a population step method, so that PyMC steps the chains together (see _PooledChains).
-        if pooled is True and cls is AdaptiveHMC:
-            cls = PooledAdaptiveHMC
-        return super().__new__(cls, *args, pooled=pooled, **kwargs)
+    #: One tuner for all chains (PooledAdaptiveHMC, a population step method), or one per chain.
+    pooled_step = False
 
     def __init__(self, vars=None, *, config=None, paper_preset=False, pooled=False, model=None, **kwargs):
         tuning, kwargs = resolve_options({"config": config, "paper_preset": paper_preset, **kwargs}, type(self).__name__)
@@ -463,8 +440,11 @@ class AdaptiveHMC(BaseHMC):
         _check_step_options(type(self), kwargs)
         if not isinstance(pooled, (bool, np.bool_)):
             raise ValueError(f"pooled must be True or False; got {pooled!r}.")
-        if pooled and not isinstance(self, _PooledChains):
-            raise ValueError(f"pooled=True is not available for {type(self).__name__}; it tunes each chain alone.")
+        if pooled and not self.pooled_step:
+            fix = ("use PooledAdaptiveHMC(...) (the same options): one tuner for all chains is a population step "
+                   "method, which PyMC steps in lockstep in one process" if type(self) is AdaptiveHMC
+                   else "it tunes each chain alone")
+            raise ValueError(f"{type(self).__name__}(pooled=True) is not available: {fix}.")
         model = modelcontext(model)
         value_vars = model.continuous_value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         refuse_discrete(value_vars, type(self).__name__,
@@ -668,7 +648,7 @@ class AdaptiveHMC(BaseHMC):
             WarningType.BAD_PARAMS,
             f"AdaptiveHMC: at the end of tune this chain's draws vary {ratio[worst]:.3g} times more than its mass "
             f"matrix assumes (flat coordinate {worst}): the warm-up did not find the posterior's scale, and the draws "
-            "explore it too slowly to be trusted (low ESS). Give more tune, use pooled=True (the chains' pooled "
+            "explore it too slowly to be trusted (low ESS). Give more tune, use PooledAdaptiveHMC (the chains' pooled "
             "estimate starts from their spread), or pass scaling= with the posterior variances.",
             "error", self.iter_count)
 
@@ -859,192 +839,6 @@ class AdaptiveHMC(BaseHMC):
         return Competence.COMPATIBLE
 
 
-class _ChainPool:
-    """What the chains of a pooled run share: the tuner state, the warm-up's step sizes, the round's rewards."""
-
-    def __init__(self):
-        self.reset(0, None)
-
-    def reset(self, num_chains, rng):
-        self.num_chains, self.rng = num_chains, rng  # rng: the uniforms of the tuner's adapt decisions
-        self.tuner_state = self.search_box = None
-        self.eps_star = {}  # chain -> its dual-averaged step size at the end of the metric phase
-        self.round_rewards, self.round_stats = [], []  # this round's, in chain order
-
-
-class _SharedDualAverage(DualAverageAdaptation):
-    """PyMC's dual averaging of the step size, shared by lockstep chains: one update per iteration,
-    with the chains' mean acceptance (the JAX engine's pooled dual averaging)."""
-
-    num_chains = 1
-
-    def reset(self):
-        super().reset()
-        self._pending = []
-
-    def update(self, accept_stat, tune):
-        if not tune:
-            return super().update(accept_stat, tune)
-        self._pending.append(accept_stat)
-        if len(self._pending) >= self.num_chains:
-            mean, self._pending = float(np.mean(self._pending)), []
-            super().update(mean, tune)
-
-
-class _SharedDiagAdapt(_WarmupDiagAdapt):
-    """PyMC's diagonal mass-matrix adaptation shared by lockstep chains: every chain's draw enters the
-    variance estimate, and the windows advance once per iteration (the JAX engine's pooled Welford)."""
-
-    num_chains = 1
-
-    def reset(self):
-        super().reset()
-        self._calls = 0
-
-    def update(self, sample, grad, tune):
-        if not (tune and self.is_adapting):
-            return
-        self._calls += 1
-        if self._calls % self.num_chains == 0:  # the iteration's last chain: PyMC's update moves the windows on
-            return super().update(sample, grad, tune)
-        if self._n_samples > self._discard_window:  # the others only add their draws, as that update does
-            self._foreground_var.add_sample(sample)
-            self._background_var.add_sample(sample)
-
-
-_POOLED_STEPS: "weakref.WeakSet" = weakref.WeakSet()  # live AdaptiveHMC(pooled=True) steps
-POOLED_CORES_MESSAGE = ("AdaptiveHMC(pooled=True) steps the chains together in one process with one shared tuner, so "
-                        "cores does not apply; pooled=False gives each chain its own tuner, in parallel processes.")
-
-
-class _PooledCoresAdvice(logging.Filter):
-    """PyMC's population sampler advises ``cores=n`` for chains stepped in one process; pooled chains must
-    stay in one process, so while a pooled step exists that advice is replaced by what is true for it."""
-
-    def filter(self, record):
-        if _POOLED_STEPS and str(record.msg).startswith("Chains are not parallelized"):
-            record.msg, record.args = POOLED_CORES_MESSAGE, ()
-        return True
-
-
-logging.getLogger("pymc.sampling.population").addFilter(_PooledCoresAdvice())
-
-
-class _PooledChains:
-    """``AdaptiveHMC(pooled=True)``: one tuner, one step-size adaptation and one diagonal mass matrix
-    for all chains.
-
-    PyMC steps the chains of a population step method in lockstep (iteration ``t`` of every chain,
-    then ``t + 1``), from shallow copies of the step, which therefore share ``self._pool``.  The
-    last chain to finish a round gives the chains' mean reward to the tuner; the other chains'
-    stats of that iteration are still PyMC's to record (it records after stepping every chain),
-    so they get the pooled reward too and the DataTree reads as one pooled tuner.  In warm-up the
-    chains share the dual averaging (mean acceptance) and the diagonal mass-matrix estimate (every
-    chain's draws), as the JAX engine pools them; a dense mass matrix (``dense_mass``) stays per chain.
-    Integrator and leapfrog-count draws are per chain; momenta come from the shared metric's generator.
-    """
-
-    def __init__(self, *args, **kwargs):
-        self._pool = _ChainPool()
-        super().__init__(*args, **kwargs)
-        _POOLED_STEPS.add(self)
-        if not _samples_every_variable(self):
-            # PyMC steps a population step's chains from shallow copies of every step of the compound, so a
-            # partner step (Metropolis, ...) would share its tuning state between the chains and stop moving.
-            others = sorted(v.name for v in getattr(self._logp_dlogp_func, "_extra_vars", []))
-            raise ValueError(
-                f"AdaptiveHMC(pooled=True) must sample every free variable of the model, but its log density "
-                f"also reads {others}, which another step would sample. PyMC would then share that step's tuning "
-                f"between the chains, and it stops moving. In a compound step use AdaptiveHMC(pooled=False) (the "
-                f"default), or give AdaptiveHMC(pooled=True) every variable.")
-        adapt = self.step_adapt
-        shared_adapt = _SharedDualAverage(float(adapt._initial_step), adapt._target, adapt._gamma, adapt._k,
-                                          adapt._t0)
-        potential = self.potential
-        if type(potential) is _WarmupDiagAdapt:
-            potential = _SharedDiagAdapt(potential._n, np.zeros(potential._n), np.ones(potential._n), 10,
-                                         rng=potential.rng)
-            self._shared_potential = True
-        else:  # dense adaptation or a fixed metric: one copy per chain
-            self._shared_potential = False
-        self._pristine = (potential, shared_adapt)
-
-    def __copy__(self):
-        copied = object.__new__(type(self))
-        copied.__dict__.update(self.__dict__)
-        return copied
-
-    def __getstate__(self):
-        if self.population is not None:
-            # PyMC's population sampling with cores > 1 pickles each chain's step into its own process,
-            # where the chains could no longer share the tuner; refusing makes PyMC step them in this one.
-            warnings.warn("AdaptiveHMC(pooled=True) shares one tuner between the chains, so PyMC steps them in "
-                          "one process: cores > 1 does not parallelize them (pooled=False does).",
-                          UserWarning, stacklevel=2)
-            raise pickle.PicklingError("AdaptiveHMC(pooled=True) steps its chains in one process")
-        return self.__dict__
-
-    def setup_chain(self, rng, tune, draws):
-        # The copies share every attribute: the pooled adaptations stay shared, the rest is this chain's own.
-        potential, self.step_adapt = self._pristine
-        self.potential = potential if self._shared_potential else copy.deepcopy(potential)
-        self.integrator = _LeapfrogReusingStart(self.potential, self._logp_dlogp_func, _samples_every_variable(self))
-        super().setup_chain(rng, tune, draws)
-
-    def link_population(self, population, chain_index):
-        # PopulationArrayStepShared's own check asks for 3 chains (DEMetropolis's need); any number works here.
-        self.population, self.this_chain = population, chain_index
-        self.other_chains = [c for c in range(len(population)) if c != chain_index]
-        if chain_index == 0:  # a new run: chain 0 is linked first
-            self._pool.reset(len(population), self.rng.spawn(1)[0])
-        self.step_adapt.num_chains = len(population)
-        if self._shared_potential:
-            self.potential.num_chains = len(population)
-
-    @property
-    def _tuner_state(self):
-        return self._pool.tuner_state
-
-    @_tuner_state.setter
-    def _tuner_state(self, value):
-        self._pool.tuner_state = value
-
-    def _eps_star(self):
-        steps = list(self._pool.eps_star.values())
-        return float(np.exp(np.mean(np.log(steps)))) if steps else super()._eps_star()
-
-    def _start_rounds(self):
-        pool = self._pool
-        if pool.search_box is None:  # the first chain to get here sets up the shared tuner
-            super()._start_rounds()
-            pool.search_box = self._search_box
-        else:
-            self._search_box = pool.search_box
-            self._begin_rounds()
-
-    def astep(self, q0):
-        result = super().astep(q0)
-        if self._chain_iteration == self._num_warmup and self.population is not None:  # the metric phase ended
-            self._pool.eps_star[self.this_chain] = float(self.step_adapt.current(False))
-        return result
-
-    def _end_round(self, reward, stats):
-        if self.population is None:  # stepped on its own, outside PyMC's population sampling: one chain
-            return super()._end_round(reward, stats)
-        pool = self._pool
-        pool.round_rewards.append(reward)
-        pool.round_stats.append(stats)
-        if len(pool.round_rewards) < pool.num_chains:
-            return
-        mean = float(np.mean(pool.round_rewards))
-        scored = self._score(mean, pool.rng.uniform(), weight=float(pool.num_chains))
-        for chain_stats in pool.round_stats:
-            chain_stats.update(scored)
-        pool.round_rewards, pool.round_stats = [], []
-
-
-class PooledAdaptiveHMC(_PooledChains, AdaptiveHMC, PopulationArrayStepShared):
-    """:class:`AdaptiveHMC` with ``pooled=True`` (what ``AdaptiveHMC(pooled=True)`` returns)."""
 
 
 _BLAS_CONTROLLER = None
@@ -1060,440 +854,7 @@ def _single_threaded_blas():
 
 
 _BOX_STATS = ("step_size_min", "step_size_max", "max_steps_min", "max_steps_max")
+
+
 _WARMUP_STATS = {"tuning_round": 0, "reward": np.nan, "arm_changed": False, "adapt_probability": np.nan,
                  **dict(zip(_BOX_STATS, (np.nan, np.nan, 0, 0)))}
-
-
-# =============================================================================================
-# Riemann-manifold HMC (Girolami & Calderhead 2011) with the same GP-UCB tuning of (eps, L)
-# =============================================================================================
-
-#: Stats that :class:`AdaptiveRMHMC` adds to :data:`STATS`.
-RMHMC_STATS = (
-    ("fixed_point_converged", bool, [], "both fixed points of every generalized leapfrog step converged "
-                                        "(False: the proposal was rejected)"),
-    ("n_grad_evals", np.int64, [], "calls of the compiled model function (log density, gradient, metric "
-                                   "and its derivatives) in this iteration"),
-)
-
-
-class ConstantMetric:
-    """A position-independent metric: :class:`AdaptiveRMHMC` runs plain HMC with this mass matrix."""
-
-    def __init__(self, matrix):
-        self.matrix = _check_spd(np.asarray(matrix, dtype=np.float64), "constant_metric(matrix)")
-        self.dim = len(self.matrix)
-
-    def __call__(self, position):
-        return pt.as_tensor_variable(self.matrix)
-
-    def __repr__(self):
-        return f"constant_metric(<{self.dim} x {self.dim} matrix>)"
-
-
-class FisherLogisticMetric:
-    """Expected Fisher information of a logistic regression plus the Gaussian prior's precision."""
-
-    def __init__(self, X, prior_variance):
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or not np.all(np.isfinite(X)):
-            raise ValueError(f"fisher_logistic_metric: X must be a finite 2-d design matrix (observations x "
-                             f"coefficients); got shape {X.shape}.")
-        if not (np.isfinite(prior_variance) and prior_variance > 0):
-            raise ValueError(f"fisher_logistic_metric: prior_variance must be a finite number > 0; "
-                             f"got {prior_variance!r}.")
-        self.X, self.prior_variance, self.dim = X, float(prior_variance), X.shape[1]
-
-    def __call__(self, position):
-        p = pt.sigmoid(pt.dot(self.X, position))
-        weighted = self.X * (p * (1.0 - p))[:, None]
-        return pt.dot(self.X.T, weighted) + pt.eye(self.dim) / self.prior_variance
-
-    def __repr__(self):
-        return f"fisher_logistic_metric(<{self.X.shape[0]} x {self.dim} X>, prior_variance={self.prior_variance})"
-
-
-def constant_metric(matrix) -> ConstantMetric:
-    """A fixed metric ``G``: :class:`AdaptiveRMHMC` then is HMC with dense mass matrix ``G``.
-
-    It costs what HMC with PyMC's dense ``QuadPotentialFull`` costs (it is exactly that).
-    ``matrix`` must be symmetric positive definite, sized like the flat position.
-    """
-    return ConstantMetric(matrix)
-
-
-def fisher_logistic_metric(X, prior_variance=100.0) -> FisherLogisticMetric:
-    """``G(beta) = X^T diag(p (1 - p)) X + I / prior_variance`` with ``p = sigmoid(X beta)``.
-
-    The expected Fisher information of a Bernoulli-logit likelihood plus the precision of
-    an isotropic ``N(0, prior_variance)`` prior (Girolami & Calderhead 2011, section 7).
-    ``X`` is the design matrix in the coordinates of the flat position, so that the
-    model's logits are ``X @ position``: include a column of ones for an intercept that
-    is the first coefficient.
-    """
-    return FisherLogisticMetric(X, prior_variance)
-
-
-def _check_spd(matrix, name, *, where=""):
-    """Raise ValueError unless ``matrix`` is finite, square, symmetric and positive definite."""
-    fix = (" Return a symmetric positive-definite (d, d) matrix of the flat position (e.g. a Fisher "
-           "information plus a prior precision), or leave metric=None for SoftAbs.")
-    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or not np.all(np.isfinite(matrix)):
-        raise ValueError(f"{name}{where} must be a finite square matrix; got shape {matrix.shape} "
-                         f"(finite: {bool(np.all(np.isfinite(matrix)))}).{fix}")
-    scale = max(float(np.max(np.abs(matrix))), 1e-300)
-    if not np.allclose(matrix, matrix.T, rtol=1e-8, atol=1e-10 * scale):
-        raise ValueError(f"{name}{where} is not symmetric (max |G - G^T| = "
-                         f"{float(np.max(np.abs(matrix - matrix.T))):.3g}).{fix}")
-    try:
-        np.linalg.cholesky(matrix)
-    except np.linalg.LinAlgError:
-        raise ValueError(f"{name}{where} is not positive definite (smallest eigenvalue "
-                         f"{float(np.linalg.eigvalsh(matrix)[0]):.3g}).{fix}") from None
-    return matrix
-
-
-def _geometry_function(step, metric, softabs_alpha, initial_point):
-    """Compile, once, ``x -> (log pi, grad, G or Hessian, dG/dx or dHessian/dx)`` of the flat position.
-
-    With ``metric=None`` (or ``"diagonal_softabs"``) the third output is the Hessian of ``-log pi`` and SoftAbs is applied
-    in NumPy; with ``"fisher"`` / ``"diagonal_fisher"`` it is the model's Fisher metric (``_pymc_fisher``);
-    otherwise it is ``metric(x)``.  All derivatives come from PyTensor autodiff.
-    Variables the step does not sample are read from the same shared variables PyMC's own
-    logp function uses, so compound steps see their current values.
-    """
-    model, shared = step._model, step._logp_dlogp_func
-    givens = [(var, shared._extra_vars_shared[var.name]) for var in shared._extra_vars]
-    model_metric = isinstance(metric, str) and metric in MODEL_METRICS
-    # The model's Fisher metric is built on the value variables, joined into the flat position with the cost.
-    fisher = fisher_parts(model, step.vars) if model_metric else None
-    parts = flatten_parts(fisher) if model_metric else []
-    (cost, *joined), flat = join_nonshared_inputs(point=initial_point,
-                                                  outputs=[rewrite_pregrad(model.logp()), *parts],
-                                                  inputs=step.vars, make_inputs_shared=False)
-    size = int(sum(np.size(initial_point[v.name]) for v in step.vars))
-    grad = pytensor.grad(cost, flat)
-    hessian_metric = metric is None or metric == "diagonal_softabs"
-    if hessian_metric:
-        matrix = _jacobian(-grad, flat)
-    else:
-        if model_metric:
-            matrix = assemble_fisher(unflatten_parts(joined, fisher), flat, _jacobian,
-                                     diagonal=metric == "diagonal_fisher")
-        else:
-            matrix = pt.cast(pt.as_tensor_variable(metric(flat)), "float64")
-            if matrix.ndim not in (1, 2):
-                raise ValueError(f"metric(position) must return a (d, d) matrix, or a (d,) vector for a diagonal "
-                                 f"metric, with d = {size}; it returned a {matrix.ndim}-d tensor.")
-        _check_initial_metric(compile_pytensor([flat], matrix, givens=givens, on_unused_input="ignore",
-                                               mode="FAST_COMPILE"), step, initial_point)
-        if matrix.ndim == 1:  # a diagonal metric, BlackJAX's convention (the JAX adapters' fast route)
-            matrix = pt.diag(matrix)
-    derivative = _jacobian(matrix.ravel(), flat).reshape((size, size, size)).transpose(2, 0, 1)
-    # PyMC's compile turns parameter checks into -inf (as its own logp function does), not errors.
-    function = compile_pytensor([flat], [cost, grad, matrix, derivative], givens=givens, on_unused_input="ignore")
-    if hessian_metric:
-        soften = _riemann.softabs if metric is None else _riemann.diagonal_softabs
-
-        def evaluate(x):
-            logp, gradient, hessian, hessian_grad = function(x)
-            G, dG = soften(hessian, hessian_grad, softabs_alpha)
-            return _riemann.geometry(x, logp, gradient, G, dG)
-    else:
-        def evaluate(x):
-            return _riemann.geometry(x, *function(x))
-    return evaluate, function
-
-
-def _check_initial_metric(metric_function, step, initial_point):
-    """Before any derivative is compiled: the user's metric at the initial point must be (d, d) SPD."""
-    x = np.concatenate([np.ravel(initial_point[v.name]) for v in step.vars]).astype(np.float64)
-    matrix = np.asarray(metric_function(x))
-    if matrix.shape == (len(x),):
-        if not (np.all(np.isfinite(matrix)) and np.all(matrix > 0)):
-            raise ValueError(f"metric returned a diagonal with non-positive or non-finite entries at the initial "
-                             f"point ({matrix}); a diagonal metric must be finite and > 0 everywhere.")
-        return
-    if matrix.shape != (len(x), len(x)):
-        raise ValueError(f"metric(position) must return a ({len(x)}, {len(x)}) matrix, or a ({len(x)},) vector for "
-                         f"a diagonal metric, for the flat position of {step.vars}; it returned shape {matrix.shape}.")
-    _check_spd(matrix, "metric", where=" at the initial point")
-
-
-def _jacobian(expression, wrt):
-    """Jacobian by a vectorized graph (one pass); PyTensor's scan when an op cannot be vectorized."""
-    try:
-        return jacobian(expression, wrt, vectorize=True, disconnected_inputs="ignore")
-    except NotImplementedError:
-        return jacobian(expression, wrt, disconnected_inputs="ignore")
-
-
-class _RiemannState(NamedTuple):
-    """What BaseHMC and AdaptiveHMC read from a state (q, q_grad, energy, model_logp), plus the geometry."""
-
-    q: Any  # RaveledVars
-    p: np.ndarray
-    q_grad: np.ndarray
-    energy: float
-    model_logp: float
-    geometry: Geometry
-
-
-class FixedPointError(IntegrationError):
-    """A fixed point of the generalized leapfrog did not converge: the proposal is rejected."""
-
-
-class _GeneralizedLeapfrogIntegrator:
-    """The generalized leapfrog behind PyMC's integrator interface (``compute_state``, ``step``).
-
-    Counts every geometry evaluation of the running iteration (``evaluations``) and records
-    whether every fixed point converged (``converged``).  The geometry of the returned draw is
-    kept, so the next iteration starts without evaluating it again (``reuse``: only when the step
-    samples every free variable, as in :class:`_LeapfrogReusingStart`).
-    """
-
-    def __init__(self, evaluate, tolerance, max_iterations, reuse):
-        self._evaluate, self._tolerance, self._max_iterations = evaluate, tolerance, max_iterations
-        self.reuse = bool(reuse)
-        self._kept: Geometry | None = None
-        self.start: Geometry | None = None
-        self.evaluations, self.converged = 0, True
-
-    def geometry_at(self, x) -> Geometry:
-        self.evaluations += 1
-        return self._evaluate(np.asarray(x, dtype=np.float64))
-
-    def begin(self, position) -> Geometry | None:
-        """Reset the counters; the geometry at the iteration's start (None if log pi is not finite)."""
-        self.evaluations, self.converged = 0, True
-        kept = self._kept
-        if kept is not None and np.array_equal(kept.position, position):
-            self.start = kept
-        else:
-            try:
-                self.start = self.geometry_at(position)
-            except NotPositiveDefiniteError:
-                self.start = None
-        return self.start
-
-    def keep(self, geom: Geometry):
-        self._kept = geom if self.reuse else None
-
-    def new_chain(self):
-        self._kept = None
-
-    def compute_state(self, q, p) -> _RiemannState:
-        geom = self.start
-        if geom is None:  # non-finite start: BaseHMC raises its "Bad initial energy" SamplingError
-            return _RiemannState(q, p, np.zeros_like(q.data), np.inf, -np.inf, None)
-        return _RiemannState(q, p, geom.grad, _riemann.hamiltonian(geom, p), geom.logp, geom)
-
-    def step(self, step_size, state: _RiemannState) -> _RiemannState:
-        try:
-            with np.errstate(all="ignore"):  # an exploding fixed point is reported below, not warned about
-                result = _riemann.generalized_leapfrog(self.geometry_at, state.geometry, state.p, step_size,
-                                                       self._tolerance, self._max_iterations)
-        except NotPositiveDefiniteError as error:
-            raise IntegrationError(f"non-finite density or metric not positive definite on the path: {error}") \
-                from None
-        if not result.converged:
-            self.converged = False
-            raise FixedPointError(f"generalized leapfrog fixed point did not converge in "
-                                  f"{self._max_iterations} iterations (step size {step_size:.3g})")
-        geom = result.geometry
-        q = RaveledVars(geom.position, state.q.point_map_info)
-        return _RiemannState(q, result.momentum, geom.grad, _riemann.hamiltonian(geom, result.momentum),
-                             geom.logp, geom)
-
-
-class _RiemannMomentum(QuadPotential):
-    """Momentum ``p ~ N(0, G(x))`` at the iteration's start (set by the step before each draw)."""
-
-    def __init__(self, size, rng=None):
-        super().__init__(rng=rng)
-        self._n, self.dtype = size, "float64"
-        self.geometry: Geometry | None = None
-
-    def random(self):
-        if self.geometry is None:
-            return np.zeros(self._n)
-        return _riemann.sample_momentum(self.geometry, self.rng)
-
-    def update(self, sample, grad, tune):
-        pass  # nothing to adapt: the metric is G(x)
-
-    def raise_ok(self, map_info=None):
-        pass
-
-    def reset(self):
-        pass
-
-    def stats(self):
-        if self.geometry is None:
-            return {"largest_eigval": np.nan, "smallest_eigval": np.nan}
-        eigvals = np.linalg.eigvalsh(self.geometry.metric)
-        return {"largest_eigval": float(eigvals[-1]), "smallest_eigval": float(eigvals[0])}
-
-
-class AdaptiveRMHMC(AdaptiveHMC):
-    """Riemann-manifold HMC with ``(eps, L)`` tuned by annealed GP-UCB while the chain runs.
-
-    The sampler of the paper's sections 2 and 5.2: momentum ``p ~ N(0, G(x))``, the
-    Hamiltonian ``-log pi(x) + 1/2 log det G(x) + 1/2 p^T G(x)^{-1} p`` and the implicit
-    generalized leapfrog; warm-up, rounds, rewards, annealing and stats are those of
-    :class:`AdaptiveHMC` (the warm-up dual-averages ``eps*``; there is no mass matrix to adapt).
-
-    Parameters
-    ----------
-    metric : callable, ConstantMetric or None
-        ``None`` (default): SoftAbs of the Hessian of ``-log pi`` (Betancourt 2013).
-        ``"diagonal_softabs"``: SoftAbs of the Hessian's diagonal alone, a diagonal metric (as in
-        the JAX adapters; here it costs what SoftAbs costs, the third derivatives included).
-        ``"fisher"``: the model's expected Fisher information, read off its variables' distributions
-        (each parameter's Fisher information through the chain rule, each free variable's own expected
-        curvature; the paper's logistic-regression metric, the funnel's); ``"diagonal_fisher"``: its
-        diagonal.  Normal, Cauchy, StudentT, Laplace, HalfNormal, HalfCauchy, Exponential, LogNormal,
-        Gamma, InverseGamma, Beta, free Uniform with fixed bounds, MvNormal (its covariance too), and
-        observed Bernoulli, Binomial, Poisson, Categorical, Multinomial; any other variable is a
-        ``ValueError`` naming it.
-        A callable
-        gets the flat PyTensor position (the step's value variables raveled in model order,
-        transformed, e.g. ``sigma_log__``) and returns a PyTensor ``(d, d)`` symmetric
-        positive-definite matrix, or a positive ``(d,)`` vector for a diagonal metric (BlackJAX's
-        convention; here it is made a matrix, the JAX adapters keep it elementwise); its
-        derivatives come from PyTensor.
-        :func:`fisher_logistic_metric` and :func:`constant_metric` build common ones; a
-        constant metric runs ordinary HMC with PyMC's dense ``QuadPotentialFull``.
-    softabs_alpha : float
-        SoftAbs softness: eigenvalues ``lam`` of the Hessian become ``lam coth(alpha lam)``,
-        about ``|lam|`` when ``|lam| >> 1/alpha`` and ``1/alpha`` at 0.
-    fixed_point_tolerance : float
-        A fixed point stops when every coordinate changes by at most ``tol * (1 + |value|)``.
-    max_fixed_point_iterations : int
-        Per fixed point; if one does not converge the proposal is rejected (stat
-        ``fixed_point_converged`` False; PyMC also counts it as a divergence).
-    max_integration_time : float, optional
-        Longest integration time of the automatic box, ``L <= ceil(T / eps*)``: default 2 pi
-        (a constant metric, which is plain HMC, keeps AdaptiveHMC's 4 pi).  With the 10-d funnel's SoftAbs metric, 4 pi made longer trajectories
-        whose position solves failed more often, and the short test's chains stuck in v
-        (ESS 6 of 800 draws); 2 pi mixed.
-    **kwargs
-        As for :class:`AdaptiveHMC` (``scaling``, ``potential`` and ``adapt_mass_matrix`` do not apply;
-        ``jump_estimate`` is ``"transition"``, the jumps made, measured in ``G`` at their start: a
-        trajectory's intermediate steps would need ``G`` there, and AdaptiveRMHMC's chains were
-        measured with these rewards; a constant metric follows AdaptiveHMC's default).
-
-    Cost: every leapfrog step evaluates the log density, its gradient, ``G`` and ``dG/dx``
-    once per position fixed-point iteration (stat ``n_grad_evals``), plus O(d^3) linear
-    algebra; SoftAbs needs third derivatives of the log density (O(d) reverse passes of the
-    Hessian graph).  It pays when the posterior's curvature changes across it (funnels,
-    logistic regressions with strong correlations) and ``d`` is at most a few tens.
-    """
-
-    name = "adaptive_rmhmc"
-    stats_dtypes_shapes = {name: (dtype, shape) for name, dtype, shape, _ in STATS + RMHMC_STATS}
-
-    def __init__(self, vars=None, *, metric=None, softabs_alpha=1e6, fixed_point_tolerance=1e-6,
-                 max_fixed_point_iterations=20, max_integration_time=None, model=None, **kwargs):
-        # Fold config= and paper_preset= into flat options first, so the RMHMC defaults below fill only what is unset.
-        tuning, kwargs = resolve_options(kwargs, type(self).__name__)
-        kwargs = {**tuning, **kwargs}
-        if not isinstance(metric, ConstantMetric):
-            # AdaptiveHMC's per-chain reward noise was measured for plain HMC; SoftAbs on the 10-d
-            # funnel mixed worse with it (short test: ESS 18-34 of 800 draws vs >= 40), so keep 0.1.
-            kwargs.setdefault("noise_variance", 0.1)
-            kwargs.setdefault("num_steps_cap", RMHMC_NUM_STEPS_CAP)
-        if max_integration_time is not None or not isinstance(metric, ConstantMetric):
-            kwargs["max_integration_time"] = 2 * math.pi if max_integration_time is None else max_integration_time
-        if not isinstance(metric, ConstantMetric) and kwargs.setdefault("jump_estimate", "transition") != "transition":
-            raise ValueError(f"AdaptiveRMHMC measures each jump in its metric G(x) and takes jump_estimate="
-                             f"'transition' only (a constant_metric runs AdaptiveHMC's estimates); "
-                             f"got {kwargs['jump_estimate']!r}.")
-        for name in ("potential", "scaling", "adapt_mass_matrix", "dense_mass"):
-            if name in kwargs:
-                raise ValueError(f"AdaptiveRMHMC takes no {name}: the metric G(x) replaces the mass matrix. Give "
-                                 f"metric=constant_metric(M) for a fixed mass matrix M, or use AdaptiveHMC.")
-        if not (metric is None or (isinstance(metric, str) and metric in ("diagonal_softabs", *MODEL_METRICS))
-                or callable(metric)):
-            raise ValueError(f"metric must be None (SoftAbs), \"diagonal_softabs\", \"fisher\", \"diagonal_fisher\", "
-                             f"a callable of the flat position returning a (d, d) matrix or (d,) diagonal, "
-                             f"fisher_logistic_metric(X) or constant_metric(M); got {metric!r}.")
-        if not (isinstance(softabs_alpha, (int, float)) and math.isfinite(softabs_alpha) and softabs_alpha > 0):
-            raise ValueError(f"softabs_alpha must be a finite number > 0 (e.g. 1e6); got {softabs_alpha!r}.")
-        if not (isinstance(fixed_point_tolerance, (int, float)) and 0 < fixed_point_tolerance < 1):
-            raise ValueError(f"fixed_point_tolerance must be a number in (0, 1), e.g. 1e-6; "
-                             f"got {fixed_point_tolerance!r}.")
-        if not (isinstance(max_fixed_point_iterations, (int, np.integer)) and max_fixed_point_iterations >= 1):
-            raise ValueError(f"max_fixed_point_iterations must be an integer >= 1, e.g. 20; "
-                             f"got {max_fixed_point_iterations!r}.")
-        self.metric, self.softabs_alpha = metric, float(softabs_alpha)
-        self.fixed_point_tolerance = float(fixed_point_tolerance)
-        self.max_fixed_point_iterations = int(max_fixed_point_iterations)
-        model = modelcontext(model)
-        if isinstance(metric, ConstantMetric):  # plain HMC with dense mass matrix G (momentum ~ N(0, G))
-            super().__init__(vars, model=model, potential=QuadPotentialFull(np.linalg.inv(metric.matrix)), **kwargs)
-            self._check_size(metric)
-            self.potential.set_rng(self.rng.spawn(1)[0])
-            self._riemann = None
-            return
-        super().__init__(vars, model=model, adapt_mass_matrix=False, **kwargs)
-        self._check_size(metric)
-        initial_point = kwargs.get("initial_point") or self._model.initial_point()
-        evaluate, self._geometry_function = _geometry_function(self, metric, self.softabs_alpha, initial_point)
-        self.potential = _RiemannMomentum(self._size, rng=self.rng.spawn(1)[0])
-        self.integrator = _GeneralizedLeapfrogIntegrator(evaluate, self.fixed_point_tolerance,
-                                                         self.max_fixed_point_iterations, _samples_every_variable(self))
-        self._riemann = True
-
-    @property
-    def _size(self):
-        """Length of the flat position (the step's value variables, raveled)."""
-        point = self._model.initial_point()
-        return int(sum(np.size(point[v.name]) for v in self.vars))
-
-    def _check_size(self, metric):
-        size = self._size
-        if getattr(metric, "dim", size) != size:
-            raise ValueError(f"metric is {metric.dim} x {metric.dim} but the flat position of {self.vars} has "
-                             f"{size} coordinates; build it for these variables (an intercept needs its column "
-                             f"of ones in fisher_logistic_metric's X).")
-
-    # ---- one iteration ---------------------------------------------------------------------
-    def astep(self, q0):
-        if self._riemann is None:  # constant metric: ordinary HMC, one model call per step (+1 at an unreused start)
-            q, (stats,) = super().astep(q0)
-            stats.update(fixed_point_converged=True,
-                         n_grad_evals=int(stats["n_steps"]) + self.integrator.start_evaluations)
-            return q, [stats]
-        start = self.integrator.begin(q0.data)
-        if start is None and np.isfinite(self._geometry_function(q0.data)[0]):
-            raise ValueError(f"metric at the chain's current position is not symmetric positive definite: "
-                             f"check metric for {self.vars}.")
-        self.potential.geometry = start
-        q, (stats,) = super().astep(q0)
-        stats.update(fixed_point_converged=self.integrator.converged, n_grad_evals=self.integrator.evaluations)
-        return q, [stats]
-
-    def _record_round(self, previous, position, stats):
-        """The round's jumps are measured in the metric at each iteration's start, ``dx^T G(x) dx``:
-        Euclidean jumps in a funnel's mouth dwarf those in its neck whatever the arm, which would
-        make the reward say where the chain is rather than how good the arm is."""
-        if self._riemann is None:
-            return super()._record_round(previous, position, stats)
-        jump = self.potential.geometry.chol.T @ (np.asarray(position) - np.asarray(previous))
-        return super()._record_round(np.zeros_like(jump), jump, stats)
-
-    def _hamiltonian_step(self, start, p0, step_size) -> HMCStepData:
-        result = super()._hamiltonian_step(start, p0, step_size)
-        if self._riemann is not None:
-            self.integrator.keep(result.end.geometry)  # the next iteration starts here
-        return result
-
-
-def __getattr__(name):
-    # The compiled path (PyMC model -> JAX -> ahmc's NumPyro kernel) needs the numpyro extra: import on use.
-    if name in ("sample_numpyro_ahmc", "jax_logdensity"):
-        from . import pymc_jax
-
-        return getattr(pymc_jax, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

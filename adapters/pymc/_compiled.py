@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._extras import require
+from .._extras import require
 
 require("pymc", "pymc")
 require("numpyro", "numpyro")
@@ -38,9 +38,9 @@ from pymc.sampling import jax as pymc_jax  # noqa: E402
 from pymc.stats.convergence import log_warnings, run_convergence_checks  # noqa: E402
 from pymc.util import _get_seeds_per_chain, get_default_varnames  # noqa: E402
 
-from .diagnostics import CONFIG_ATTR, FREE_VARS_ATTR, config_from_numpyro  # noqa: E402
-from .numpyro import TUNER_FIELDS, AdaptiveHMC, AdaptiveRMHMC  # noqa: E402
-from .pymc import refuse_discrete  # noqa: E402
+from ..diagnostics import CONFIG_ATTR, FREE_VARS_ATTR, config_from_numpyro  # noqa: E402
+from ..numpyro import TUNER_FIELDS, AdaptiveHMC, AdaptiveRMHMC  # noqa: E402
+from ._step import refuse_discrete  # noqa: E402
 
 __all__ = ["sample_numpyro_ahmc", "jax_logdensity"]
 
