@@ -34,6 +34,17 @@ def test_core_imports_without_any_framework():
     assert result.returncode == 0, result.stderr
 
 
+def test_import_ahmc_gives_its_version_and_reaches_the_adapters():
+    from importlib.metadata import version
+
+    result = subprocess.run([sys.executable, "-c", (
+        "import sys, ahmc; print(ahmc.__version__); assert not {'jax', 'pymc', 'numpyro'} & set(sys.modules); "
+        "ahmc.core.Config(); import ahmc.adapters.pymc; assert 'jax' not in sys.modules, 'the PyMC step imports JAX'; "
+        "print(ahmc.adapters.pymc.PooledAdaptiveHMC.__name__)")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [version("ahmc"), "PooledAdaptiveHMC"]
+
+
 @pytest.mark.parametrize(
     "adapter, blocked, extra",
     [
