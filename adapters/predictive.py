@@ -301,32 +301,9 @@ def run_cross_validation(
     keep_warmup
         Also return the GP-warm-up draws (prepended to ``positions``).
     """
-    get_loss(loss)
-    held_out = np.asarray(held_out, bool)
-    x0 = jnp.asarray(initial_positions)
-    if held_out.ndim != 2:
-        raise ValueError(f"held_out must be a boolean array (num_chains, num_cases); got shape {held_out.shape}.")
-    num_chains, num_cases = held_out.shape
-    if x0.ndim != 2 or x0.shape[0] != num_chains:
-        raise ValueError(
-            f"initial_positions must have shape (num_chains={num_chains}, dim); got {tuple(x0.shape)}.")
-    if np.shape(y)[0] != num_cases:
-        raise ValueError(f"y has {np.shape(y)[0]} cases but held_out has {num_cases}.")
-    if not held_out.any(axis=1).all():
-        raise ValueError("every chain needs a non-empty held-out fold (a row of held_out is all False).")
-    for name, value in (("num_warmup", num_warmup), ("num_samples", num_samples), ("round_length", round_length)):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer; got {value!r}.")
-    if super_transitions is not None and (not isinstance(super_transitions, (int, np.integer))
-                                          or super_transitions < 1):
-        raise ValueError(
-            f"super_transitions must be None or a positive integer leapfrog budget per round; got {super_transitions!r}.")
-    if not 0.0 < metric_fraction < 1.0:
-        raise ValueError(f"metric_fraction must be in (0, 1); got {metric_fraction!r}.")
-    lo_f, hi_f = (float(v) for v in step_size_factors)
-    if not 0 < lo_f <= 1.0 <= hi_f:
-        raise ValueError(f"step_size_factors must satisfy 0 < lower <= 1 <= upper; got {step_size_factors!r}.")
-
+    held_out, x0, (lo_f, hi_f) = _check_cross_validation_inputs(
+        y, held_out, initial_positions, loss, num_warmup, num_samples, round_length, super_transitions,
+        metric_fraction, step_size_factors)
     dtype = x0.dtype
     train_masks = jnp.asarray(~held_out, dtype)
     metric_steps = max(1, int(round(metric_fraction * num_warmup)))
@@ -365,10 +342,58 @@ def run_cross_validation(
         divergence_threshold=divergence_threshold, chain_data=(train_masks, scales), round_end_fn=hook,
         round_end_state=hook_state, super_transitions=super_transitions)
     state = engine.init(positions / scales, key_init)
+    state, rows, kept = _run_rounds(engine, state, key_rounds, num_warmup_rounds, num_sampling_rounds, scales,
+                                    keep_warmup)
+    history = {name: np.asarray([row[name] for row in rows]) for name in rows[0]}
+    positions_out = np.swapaxes(np.concatenate(kept, axis=0), 0, 1)
+    gp_grads = history["num_gradients"]
+    return CrossValidationRun(
+        positions=positions_out, held_out=held_out, history=history, step_size=np.asarray(eps_star),
+        inverse_mass_matrix=np.asarray(imm),
+        num_gradients={"metric_phase": float(np.mean(warm_grads)),
+                       "gp_warmup": float(np.sum(gp_grads[history["is_warmup"]])),
+                       "sampling": float(np.sum(gp_grads[~history["is_warmup"]]))},
+        tuner_state=state.tuner, tuner=engine.tuner,
+    )
+
+
+def _check_cross_validation_inputs(y, held_out, initial_positions, loss, num_warmup, num_samples, round_length,
+                                   super_transitions, metric_fraction, step_size_factors):
+    """:func:`run_cross_validation`'s checks, before anything runs: ``(held_out, x0, step_size_factors)``."""
+    get_loss(loss)
+    held_out = np.asarray(held_out, bool)
+    x0 = jnp.asarray(initial_positions)
+    if held_out.ndim != 2:
+        raise ValueError(f"held_out must be a boolean array (num_chains, num_cases); got shape {held_out.shape}.")
+    num_chains, num_cases = held_out.shape
+    if x0.ndim != 2 or x0.shape[0] != num_chains:
+        raise ValueError(
+            f"initial_positions must have shape (num_chains={num_chains}, dim); got {tuple(x0.shape)}.")
+    if np.shape(y)[0] != num_cases:
+        raise ValueError(f"y has {np.shape(y)[0]} cases but held_out has {num_cases}.")
+    if not held_out.any(axis=1).all():
+        raise ValueError("every chain needs a non-empty held-out fold (a row of held_out is all False).")
+    for name, value in (("num_warmup", num_warmup), ("num_samples", num_samples), ("round_length", round_length)):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}.")
+    if super_transitions is not None and (not isinstance(super_transitions, (int, np.integer))
+                                          or super_transitions < 1):
+        raise ValueError(
+            f"super_transitions must be None or a positive integer leapfrog budget per round; got {super_transitions!r}.")
+    if not 0.0 < metric_fraction < 1.0:
+        raise ValueError(f"metric_fraction must be in (0, 1); got {metric_fraction!r}.")
+    lo_f, hi_f = (float(v) for v in step_size_factors)
+    if not 0 < lo_f <= 1.0 <= hi_f:
+        raise ValueError(f"step_size_factors must satisfy 0 < lower <= 1 <= upper; got {step_size_factors!r}.")
+    return held_out, x0, (lo_f, hi_f)
+
+
+def _run_rounds(engine, state, rng_key, num_warmup_rounds, num_sampling_rounds, scales, keep_warmup):
+    """The GP rounds, one jitted call each: ``(state, rows, kept draws)``, a row of the history per round."""
     run_round = jax.jit(functools.partial(_run_round, engine.step))
     parameters = jax.jit(engine.parameters)
     rows, kept = [], []
-    for r, key in enumerate(jax.random.split(key_rounds, num_warmup_rounds + num_sampling_rounds)):
+    for r, key in enumerate(jax.random.split(rng_key, num_warmup_rounds + num_sampling_rounds)):
         is_warmup = r < num_warmup_rounds
         arm = parameters(state)
         factor, num_steps = float(arm["step_size"]), int(arm["num_integration_steps"])
@@ -386,17 +411,7 @@ def run_cross_validation(
                          acceptance_rate=float(np.mean(np.asarray(stats["acceptance"]))) / num_iterations,
                          num_divergent=int(np.sum(np.asarray(stats["num_divergent"]))),
                          is_warmup=is_warmup, arm_changed=int(state.tuner.arm) != previous_arm))
-    history = {name: np.asarray([row[name] for row in rows]) for name in rows[0]}
-    positions_out = np.swapaxes(np.concatenate(kept, axis=0), 0, 1)
-    gp_grads = history["num_gradients"]
-    return CrossValidationRun(
-        positions=positions_out, held_out=held_out, history=history, step_size=np.asarray(eps_star),
-        inverse_mass_matrix=np.asarray(imm),
-        num_gradients={"metric_phase": float(np.mean(warm_grads)),
-                       "gp_warmup": float(np.sum(gp_grads[history["is_warmup"]])),
-                       "sampling": float(np.sum(gp_grads[~history["is_warmup"]]))},
-        tuner_state=state.tuner, tuner=engine.tuner,
-    )
+    return state, rows, kept
 
 
 def _run_round(step, state, rng_key):
