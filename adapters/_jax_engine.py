@@ -331,9 +331,8 @@ def build_engine(
         objective=objective, divergence_penalty=divergence_penalty, adapt_mass_matrix=adapt_mass_matrix,
         super_transitions=super_transitions, pooled=pooled, round_end_fn=round_end_fn, initial_arm=initial_arm,
         jump_estimate=jump_estimate, kernel=kernel)
-    objective_fn, jump_estimate, factors = checked
+    objective_fn, jump_estimate, factors, metric_fraction = checked
     auto_box = step_size_bounds is None
-    metric_fraction = 0.5 if metric_fraction is None else metric_fraction
     plan = plan_warmup(num_warmup, metric_fraction=metric_fraction, round_length=round_length,
                        adapt_mass_matrix=adapt_mass_matrix, auto_box=auto_box, k=k, freeze_after=freeze_after)
     if auto_box and plan.metric_phase_length < 1:
@@ -420,7 +419,7 @@ def _check_options(logdensity_fn, *, num_warmup, step_size_bounds, num_steps_bou
                    target_acceptance_rate, dense_mass, objective, divergence_penalty, adapt_mass_matrix,
                    super_transitions, pooled, round_end_fn, initial_arm, jump_estimate, kernel):
     """Every check of :func:`build_engine`'s options, before anything is traced:
-    ``(objective_fn, jump_estimate, step_size_factors)`` resolved."""
+    ``(objective_fn, jump_estimate, step_size_factors, metric_fraction)`` resolved."""
     if not callable(logdensity_fn):
         raise ValueError("logdensity_fn must be callable: position -> scalar log density.")
     if jump_estimate is None:
@@ -471,7 +470,7 @@ def _check_options(logdensity_fn, *, num_warmup, step_size_bounds, num_steps_bou
         raise ValueError("round_end_fn must be callable (draws, num_draws, hook_state) -> (reward, hook_state).")
     if initial_arm is not None and step_size_bounds is None:
         raise ValueError("initial_arm needs a user box: give step_size_bounds and num_steps_bounds too.")
-    return objective_fn, jump_estimate, (lo_factor, hi_factor)
+    return objective_fn, jump_estimate, (lo_factor, hi_factor), metric_fraction
 
 
 def _search_setup(auto_box, step_size_bounds, num_steps_bounds, factors, num_step_sizes, num_num_steps,
@@ -609,10 +608,10 @@ def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, ro
         warm = WarmupState(state.step_size_adaptation, state.mass_matrix_adaptation, state.inverse_mass_matrix,
                            state.whitening, state.center, state.box, state.window)
         lost = jnp.zeros((num_chains,), bool)
+        flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
     else:
         accept = jnp.nan_to_num(hmc_info.acceptance_rate, nan=0.0).astype(dtype)
-        new, warm, lost = parts.warmup.update(jax.random.fold_in(key_tuner, 1), state, new, accept, early)
-    flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
+        new, warm, lost, flat_new = parts.warmup.update(jax.random.fold_in(key_tuner, 1), state, new, accept, early)
     stats = parts.rounds.add(state.round_stats, state.position, flat_new, num_taken, hmc_info,
                              warm.inverse_mass_matrix, warm.whitening, warm.center)
     if not sampling:

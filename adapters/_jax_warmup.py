@@ -219,9 +219,9 @@ class Warmup(NamedTuple):
 
     ``step_size_state(eps)``, ``mass_matrix_state(dim, dtype, dense)`` and ``window_state(C, dtype)``: initial
     states; ``parameters(state)``: ``(step size, L, early)`` of a metric-phase iteration;
-    ``update(rng_key, state, new, acceptance) -> (new, WarmupState, restarted)``: after the chains'
-    transition (``new``: their ``HMCState``), restarts lost chains, advances the adapters and, at
-    the metric phase's last iteration, sets the search box.
+    ``update(rng_key, state, new, acceptance, early) -> (new, WarmupState, restarted, flat)``: after the
+    chains' transition (``new``: their ``HMCState``), restarts lost chains, advances the adapters and, at
+    the metric phase's last iteration, sets the search box; ``flat``: the chains' flattened positions.
     """
 
     step_size_state: Callable
@@ -363,7 +363,7 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         return jax.tree.map(lambda a, b: jnp.where(starts_gp, a, b), SearchBox(eps_box, l_range), state.box)
 
     def update(rng_key, state, new, accept, early):
-        """One warm-up iteration after the transition: ``(new, WarmupState, restarted)``."""
+        """One warm-up iteration after the transition: ``(new, WarmupState, restarted, flat positions)``."""
         it = state.iteration
         dtype = state.inverse_mass_matrix.dtype
         in_metric_phase = it < metric_phase
@@ -387,6 +387,6 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         mm_state, imm, da_state, center, whitening = adapt_metric(state, flat_new, da_state, in_metric_phase,
                                                                   phase_it)
         box = search_box(state, da_state)
-        return new, WarmupState(da_state, mm_state, imm, whitening, center, box, window), lost
+        return new, WarmupState(da_state, mm_state, imm, whitening, center, box, window), lost, flat_new
 
     return Warmup(step_size_state, mass_matrix_state, window_state, parameters, update, accumulate)

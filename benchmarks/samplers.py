@@ -338,7 +338,7 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
             **options))
     draws = np.asarray(samples).reshape(positions.shape[0], num_samples, -1)
     chain_info = info  # (chains, iterations), as run_chains returns it; kept for the tuning figure
-    info = jax.tree.map(lambda x: np.swapaxes(np.asarray(x), 0, 1), info)  # (iterations, chains) for the sums
+    info = _iterations_first(info)
     steps = np.asarray(info.num_integration_steps)
     divergent = np.asarray(info.is_divergent)
     if getattr(info, "is_warmup", None) is not None:
@@ -379,6 +379,13 @@ def run_ahmc_blackjax(rng_key, model, positions, num_warmup, num_samples, **opti
         extra=extra,
         keep=keep,
     )
+
+
+def _iterations_first(info):
+    """``run_chains``' info, fields ``(chains, iterations)``, as ``(iterations, chains)`` for the runners' sums."""
+    import jax
+
+    return jax.tree.map(lambda x: np.swapaxes(np.asarray(x), 0, 1), info)
 
 
 def _split_by_gradients(run_s: float, grads_warmup, grads_sampling) -> tuple[float, float]:
@@ -842,7 +849,7 @@ def run_armhmc(rng_key, model, positions, num_warmup, num_samples, **options) ->
         samples, info = jax.block_until_ready(run_rmhmc_chains(
             rng_key, model.logdensity_fn, jnp.asarray(positions), num_warmup, num_samples,
             metric=metric_for(model.name), **options))
-    info = jax.tree.map(lambda x: np.swapaxes(np.asarray(x), 0, 1), info)  # (iterations, chains) for the sums
+    info = _iterations_first(info)
     is_warmup = np.asarray(info.is_warmup, dtype=bool)
     units_warmup, units_sampling = _split_by_phase(info.num_gradient_evals, is_warmup)
     divergent_warmup, divergent_sampling = _split_by_phase(info.is_divergent, is_warmup)

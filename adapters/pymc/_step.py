@@ -587,12 +587,12 @@ class AdaptiveHMC(BaseHMC):
     def _start_rounds(self):
         """End of warm-up: freeze the metric, set the search box around eps*, start the tuner."""
         eps_star = self._eps_star()
-        lo, hi = self._step_size_factors
-        eps_box = self._step_size_bounds or (eps_star * lo, eps_star * hi)
-        l_box = self._num_steps_bounds or (1, int(automatic_box(eps_star, (lo, hi), self._max_time, self._num_steps_cap)[1]))
+        auto_eps, auto_l = automatic_box(eps_star, self._step_size_factors, self._max_time, self._num_steps_cap)
+        eps_box = self._step_size_bounds or tuple(auto_eps)
+        l_box = self._num_steps_bounds or (1, int(auto_l))
         self._search_box = tuple(float(v) for v in (*eps_box, *l_box))  # Python numbers: a cheap cache key
         tuner = self._tuner()
-        first = tuner.space.arm_index(eps_star, self._steps_for(self._warmup_time, eps_star, self._num_steps_cap))
+        first = tuner.space.arm_index(eps_star, steps_for(self._warmup_time, eps_star, self._num_steps_cap))
         self._tuner_state = tuner.init()._replace(arm=np.asarray(first, dtype=np.int32))
         self._begin_rounds()
 
@@ -733,7 +733,7 @@ class AdaptiveHMC(BaseHMC):
 
     def _hamiltonian_step(self, start, p0, step_size) -> HMCStepData:
         if self._arm is None:
-            max_steps = self._steps_for(self._warmup_time, step_size, self._warmup_max_steps)
+            max_steps = steps_for(self._warmup_time, step_size, self._warmup_max_steps)
         else:
             step_size, max_steps = self._arm
         lowest = self._fewest_steps(max_steps)
@@ -826,11 +826,6 @@ class AdaptiveHMC(BaseHMC):
     def _fewest_steps(self, max_steps) -> int:
         """Lowest leapfrog count of an iteration, ``n ~ U{lowest..max_steps}`` (1 unless ``min_steps_fraction``)."""
         return int(min_num_steps(max_steps, self._min_steps_fraction)) if self._min_steps_fraction else 1
-
-    @staticmethod
-    def _steps_for(integration_time, step_size, cap):
-        """``L = ceil(T / eps)``, within ``[1, cap]`` (ahmc.core.schedule)."""
-        return steps_for(integration_time, step_size, cap)
 
     @staticmethod
     def competence(var, has_grad):
