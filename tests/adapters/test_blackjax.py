@@ -799,3 +799,15 @@ def test_trajectory_jump_estimate_samples_the_target(dense_mass):
     assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(ILL_SCALES))
     rewards = np.asarray(info.reward)  # NaN except at round ends: 150 rounds after the 500 metric iterations
     assert np.isfinite(rewards).sum() == 150 * NUM_CHAINS
+
+
+def test_an_arm_frozen_early_does_not_jump_at_the_end_of_warmup():
+    """freeze_after=2: only round 1's update may move the arm; the end-of-warm-up move to the GP's best arm
+    (round 10 here) must not move it either (it did: arm_changed at iteration 99)."""
+    _, info = run_chains(jax.random.key(41), standard_normal, initial_positions(42, 3), 100, 20,
+                         step_size_bounds=(0.05, 1.5), num_steps_bounds=(1, 30), adapt_mass_matrix=False,
+                         freeze_after=2, initial_arm=(0.05, 1))
+    assert np.isfinite(np.asarray(info.reward)).sum() >= 10  # rounds were scored (the GP learned)
+    changed = np.asarray(info.arm_changed)  # (chains, iterations)
+    assert changed[:, 9].all() and not changed[:, 10:].any()  # round 1 moved away from the poor first arm
+    assert len(np.unique(np.asarray(info.step_size)[:, 10:])) == 1

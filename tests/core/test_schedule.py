@@ -8,7 +8,7 @@ import pytest
 from ahmc.core.schedule import automatic_box, plan_warmup, stan_schedule, steps_for, warmup_num_steps
 
 
-@pytest.mark.parametrize("n", [0, 5, 19, 20, 21, 60, 149, 150, 151, 200, 333, 500, 1000, 1999])
+@pytest.mark.parametrize("n", [0, 5, 19, 20, 21, 60, 149, 150, 151, 175, 200, 285, 333, 445, 500, 705, 1000, 1345, 1999])
 def test_stan_schedule_is_blackjaxs(n):
     from blackjax.adaptation.window_adaptation import build_schedule
 
