@@ -73,6 +73,7 @@ from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM
 from ahmc.core.objectives import get_objective, needs_center
 from ahmc.core.options import check_option_names, whole_number_pair
 from ahmc.core.schedule import WarmupPlan, first_unit_num_steps, plan_warmup, warmup_num_steps
+from ahmc.core.snapshot import prior_evidence
 from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction
 
 from ._jax_kernel import MAX_STEP_BINS, ChainKernel, build_chain_kernel, inverse_cholesky
@@ -222,6 +223,7 @@ class Engine(NamedTuple):
     tuner: Any
     config: EngineConfig
     scan_draws: Callable | None = None
+    options: dict | None = None  # the tuning options the user set (a snapshot keeps them)
 
 
 def _pair(name, value, *, integer):
@@ -253,7 +255,8 @@ def with_config(build, owner: str = "ahmc", extra_names=()):
     The tuning options are validated together by the Config and the rest against ``build``'s own
     arguments (and ``extra_names``), before anything is traced: an unknown name fails with the
     nearest valid one. Only the options the user set are passed on, so the route's own defaults
-    (which equal the Config's, or resolve its ``None``) apply to the rest.
+    (which equal the Config's, or resolve its ``None``) apply to the rest.  An :class:`Engine` keeps the
+    tuning options set (``options``).
     """
 
     @functools.wraps(build)
@@ -264,7 +267,10 @@ def with_config(build, owner: str = "ahmc", extra_names=()):
         check_option_names(execution, valid | set(Config.option_names()), owner)
         if paper:  # the paper's chains draw their step counts independently
             execution.setdefault("shared_num_steps", False)
-        return build(logdensity_fn, **tuning, **execution)
+        built_engine = build(logdensity_fn, **tuning, **execution)
+        if isinstance(built_engine, Engine):
+            built_engine = built_engine._replace(options=dict(tuning))
+        return built_engine
 
     return built
 
@@ -307,6 +313,8 @@ def build_engine(
     divergence_threshold: float = 1000.0,
     kernel: Callable | None = None,
     restart_lost_chains: bool = _DEFAULT.warmup.restart_lost_chains,
+    warm_start_weight: float = _DEFAULT.warmup.warm_start_weight,
+    warm_start: Any = None,
     initial_arm: tuple[float, int] | None = None,
     chain_data: Any = None,
     round_end_fn: Callable | None = None,
@@ -322,7 +330,11 @@ def build_engine(
     The tuning options (search box, GP, schedule, warm-up, reward) are :class:`ahmc.core.Config`'s,
     with its defaults (``docs/options.md``); ``num_warmup`` sets the schedule
     (:func:`ahmc.core.schedule.plan_warmup`).  The others say how the chains run (the module's text).
+    ``warm_start``: a checked :class:`ahmc.core.snapshot.TuningSnapshot` (``ahmc.adapters._jax_snapshot``):
+    its metric and step size start the warm-up and its GP evidence the tuner.
     """
+    inverse_mass_matrix, dense_mass, initial_step_size = _warm_metric(
+        warm_start, inverse_mass_matrix, dense_mass, initial_step_size)
     checked = _check_options(
         logdensity_fn, num_warmup=num_warmup, step_size_bounds=step_size_bounds, num_steps_bounds=num_steps_bounds,
         round_length=round_length, metric_fraction=metric_fraction, step_size_factors=step_size_factors,
@@ -352,6 +364,11 @@ def build_engine(
     tuner = gp_ucb(space, initial_arm=initial_arm, capacity=capacity, lengthscale=lengthscale,
                    noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, k=plan.k, decay=decay,
                    freeze_after=plan.freeze_rounds)
+    tuner_prior = None
+    if warm_start is not None:
+        arms, rewards, weights, start_arm = prior_evidence(warm_start, space.step_size_unit, space.num_steps_unit,
+                                                           warm_start_weight)
+        tuner_prior = tuner.prefill(arms, rewards, weights, start_arm=start_arm)
     min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
     by_trajectory = jump_estimate == "trajectory"
     config = EngineConfig(
@@ -385,7 +402,7 @@ def build_engine(
         dense_mass=dense_mass, initial_step_size=1.0 if initial_step_size is None else initial_step_size,
         target_acceptance_rate=target_acceptance_rate, use_center=use_center, round_end_fn=round_end_fn,
         round_end_state=round_end_state, super_transitions=super_transitions,
-        buffer_length=int(super_transitions) if super_transitions else int(round_length))
+        buffer_length=int(super_transitions) if super_transitions else int(round_length), tuner_prior=tuner_prior)
     return Engine(init=partial(_init, parts), step=partial(_step, parts), parameters=partial(_parameters, parts),
                   tuner=tuner, config=config, scan_draws=partial(_scan_draws_of, parts))
 
@@ -412,6 +429,21 @@ class _Parts(NamedTuple):
     round_end_state: Any
     super_transitions: int | None
     buffer_length: int
+    tuner_prior: Any = None  # a NumPy TunerState holding a warm start's GP evidence
+
+
+def _warm_metric(warm_start, inverse_mass_matrix, dense_mass, initial_step_size):
+    """``(inverse_mass_matrix, dense_mass, initial_step_size)``: the warm start's where the user gave none."""
+    if warm_start is None:
+        return inverse_mass_matrix, dense_mass, initial_step_size
+    if not hasattr(warm_start, "inverse_mass_matrix") or not hasattr(warm_start, "gp_arms"):
+        raise ValueError("warm_start must be an ahmc.core.snapshot.TuningSnapshot (or the path of a saved one); "
+                         f"got {type(warm_start).__name__}.")
+    if inverse_mass_matrix is None:
+        inverse_mass_matrix = warm_start.inverse_mass_matrix
+        if dense_mass != "auto":
+            dense_mass = inverse_mass_matrix.ndim == 2
+    return inverse_mass_matrix, dense_mass, warm_start.step_size if initial_step_size is None else initial_step_size
 
 
 def _check_options(logdensity_fn, *, num_warmup, step_size_bounds, num_steps_bounds, round_length, metric_fraction,
@@ -504,10 +536,13 @@ def _init(parts: _Parts, positions, rng_key=None) -> EngineState:
     dim = flat0.shape[0]
     dtype = flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating) else jnp.float32
     imm, dense = _initial_metric(parts.inverse_mass_matrix, parts.dense_mass, dim, dtype)
-    if parts.pooled:
-        tuner_state = parts.tuner.init(xp=jnp, dtype=dtype)
+    if parts.tuner_prior is not None:
+        tuner_state = jax.tree.map(lambda x: jnp.asarray(x, dtype if np.issubdtype(x.dtype, np.floating) else x.dtype),
+                                   parts.tuner_prior)
     else:
-        tuner_state = jax.vmap(lambda _: parts.tuner.init(xp=jnp, dtype=dtype))(jnp.arange(num_chains))
+        tuner_state = parts.tuner.init(xp=jnp, dtype=dtype)
+    if not parts.pooled:
+        tuner_state = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_chains, *x.shape)), tuner_state)
     box = SearchBox(jnp.asarray(parts.box0[0], dtype), jnp.asarray(parts.box0[1], jnp.int32))
     eps0 = jnp.asarray(parts.initial_step_size, dtype)
     if parts.plan.metric_phase_length > 0:

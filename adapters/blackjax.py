@@ -73,11 +73,13 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 from ahmc.core import TunerState
 from ahmc.core.config import PAPER_SETTINGS
+from ahmc.core.snapshot import TuningSnapshot
 from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, _scan, build_engine
 from ._jax_engine import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
+from ._jax_snapshot import engine_snapshot, prepare_warm_start
 from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMCInfo, build_rmhmc_engine, transition_kernel
 
 __all__ = [
@@ -87,6 +89,8 @@ __all__ = [
     "adaptive_hmc",
     "pooled_adaptive_hmc",
     "run_chains",
+    "tuning_snapshot",
+    "TuningSnapshot",
     "gpucb_rmhmc_adaptation",
     "uniform_steps_rmhmc",
     "adaptive_rmhmc",
@@ -191,7 +195,9 @@ def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **o
 
     def run(rng_key, positions, num_steps: int = 1000):
         check_chain_batch(logdensity_fn, positions, "gpucb_adaptation(...).run")
-        engine = build_engine(logdensity_fn, num_warmup=num_steps, **options)
+        run_options, positions, num_steps, rng_key = _warm_start(
+            logdensity_fn, positions, options, num_steps, rng_key, "gpucb_adaptation(...).run")
+        engine = build_engine(logdensity_fn, num_warmup=num_steps, **run_options)
         init_key, run_key, generator_key = jax.random.split(rng_key, 3)
         state = engine.init(positions, init_key)
         state, info = _scan(engine.step, run_key, state, num_steps, False)
@@ -394,15 +400,65 @@ def run_chains(
     as the samples); gradient evaluations = ``info.num_integration_steps`` summed (split by
     ``info.is_warmup``).  ``return_state=True`` returns ``(samples, info, state)``, ``state``
     the final :class:`EngineState` (its ``box`` and ``tuner`` are what
-    :func:`ahmc.adapters.diagnostics.history_from_blackjax` needs for the reward surface).
+    :func:`ahmc.adapters.diagnostics.history_from_blackjax` needs for the reward surface, and
+    :func:`tuning_snapshot` what a warm start needs).
     The run is one compiled program, compiled once per engine and shape: a second call with the
     same log density, options and shapes compiles nothing.
+
+    ``warm_start=snapshot`` (a :func:`tuning_snapshot`, or the path it was saved to) starts from an
+    earlier fit's tuning: after a short check (:func:`ahmc.core.snapshot.check_fit`), the warm-up
+    starts from its metric, step size and GP evidence, so ``num_warmup`` of a few hundred does
+    (docs/warm_start.md).  A snapshot that does not fit warns and runs the cold warm-up, of
+    ``max(num_warmup, 1000)`` iterations.
     """
     check_chain_batch(logdensity_fn, positions, "run_chains")
+    options, positions, num_warmup, rng_key = _warm_start(
+        logdensity_fn, positions, options, num_warmup, rng_key, "run_chains")
     samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
                                    **{**options, "paper_preset": paper_preset})
     info = _chains_first(info)
     return (samples, info, state) if return_state else (samples, info)
+
+
+#: The warm-up a run falls back to when its warm-start snapshot does not fit (the default cold warm-up).
+COLD_NUM_WARMUP = 1000
+
+
+def _warm_start(logdensity_fn, positions, options: dict, num_warmup: int, rng_key, name: str):
+    """``(options, positions, num_warmup, rng_key)`` of a run, its ``warm_start`` checked first.
+
+    Without ``warm_start`` everything is returned unchanged (the same keys, so the same draws).  A fitting
+    snapshot gives the engine the snapshot and the chains the check's last positions; one that does not
+    fit is dropped and the warm-up lengthened to the cold one."""
+    if options.get("warm_start") is None:
+        return options, positions, num_warmup, rng_key
+    if options.get("chain_data") is not None:
+        raise ValueError(f"{name}: warm_start does not combine with chain_data; fit each data set apart.")
+    check_key, rng_key = jax.random.split(rng_key)
+    cold = max(int(num_warmup), COLD_NUM_WARMUP)
+    snapshot, positions, _ = prepare_warm_start(
+        logdensity_fn, positions, options["warm_start"], check_key, name=name,
+        fallback=f"Running the cold warm-up ({cold} iterations) instead.")
+    if snapshot is None:
+        return {**options, "warm_start": None}, positions, cold, rng_key
+    return {**options, "warm_start": snapshot}, positions, num_warmup, rng_key
+
+
+def tuning_snapshot(info, state: EngineState | None = None) -> TuningSnapshot:
+    """The tuning of a finished run, for the next fit's ``warm_start``.
+
+    ``tuning_snapshot(info, state)`` with what :func:`run_chains` returned (``return_state=True``), or
+    ``tuning_snapshot(adaptation_info)`` with ``gpucb_adaptation(...).run``'s info.  ``snapshot.save(path)``
+    keeps it beside the draws; ``TuningSnapshot.load(path)`` reads it back."""
+    if isinstance(info, GPUCBAdaptationInfo):  # (iterations, chains) fields
+        state = info.adaptation_state
+        last = (np.asarray(info.info.step_size)[-1], np.asarray(info.info.num_steps)[-1])
+    elif state is None or not isinstance(info, EngineInfo):
+        raise ValueError("tuning_snapshot needs run_chains(..., return_state=True)'s (info, state), or "
+                         "gpucb_adaptation(...).run's info.")
+    else:  # run_chains: (chains, iterations) fields
+        last = (np.asarray(info.step_size)[:, -1], np.asarray(info.num_steps)[:, -1])
+    return engine_snapshot(state, *last, source="blackjax")
 
 
 # --------------------------------------------------------------------------- #

@@ -186,6 +186,9 @@ class WarmupConfig:
     warmup_integration_time: float = _option(2.0, "Trajectory length `eps x L` of the metric phase.")
     restart_lost_chains: bool = _option(True, "With 3 or more pooled chains, restart a chain lost far below the "
                                               "others from another chain's position (JAX routes).")
+    warm_start_weight: float = _option(
+        4.0, "With `warm_start=`: each of the snapshot's GP arms enters with at most this weight (a pooled round "
+             "of C chains weighs C), so a few new rounds outweigh evidence from the earlier posterior.")
 
     def __post_init__(self):
         if self.metric_fraction is not None and not (isinstance(self.metric_fraction, numbers.Real)
@@ -198,6 +201,7 @@ class WarmupConfig:
             raise ValueError(f"target_acceptance_rate must be in (0, 1); got {self.target_acceptance_rate!r}.")
         _positive("initial_step_size", self.initial_step_size, allow_none=True)
         _positive("warmup_integration_time", self.warmup_integration_time)
+        _positive("warm_start_weight", self.warm_start_weight)
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,8 @@ class Tuner(NamedTuple):
     ``record(state, reward, uniform, weight=1.0) -> (TunerState, TunerWork)`` and
     ``complete(state, work, *, cond=None) -> (TunerState, proposed_arm)``: ``update``'s two
     halves, without and with its linear algebra
+    ``prefill(arms, rewards, weights, dtype=None) -> TunerState``: a NumPy state whose GP holds
+    earlier evidence (a warm start), at round 0
     """
 
     init: Callable
@@ -188,6 +190,7 @@ class Tuner(NamedTuple):
     settle: Callable
     record: Callable
     complete: Callable
+    prefill: Callable = None
 
 
 def adapt_probability(round_index, *, schedule: str = "inverse_sqrt", k: int = 100, decay: float = 0.01, xp=np):
@@ -647,5 +650,25 @@ def gp_ucb(
         acquisition = state.scale * mean + p * xp.sqrt(beta) * xp.sqrt(state.grid_variance)
         return Surrogate(space.step_sizes, space.num_steps, mean, sd, acquisition)
 
+    def prefill(arms, rewards, weights, dtype=None, start_arm=None) -> TunerState:
+        """A NumPy initial state whose GP already holds ``rewards`` at flat grid indices ``arms`` with ``weights``.
+
+        For a warm start: the evidence of an earlier run, entered with the weights the caller chose (less than
+        the rounds it took, so that new rewards soon outweigh it); the ``capacity`` heaviest are kept.  The
+        round counter and the annealing start afresh, at ``start_arm`` (default: :func:`init`'s first arm);
+        the best reward sets the scale as it did in that run.
+        """
+        state = init(np, dtype)
+        order = np.argsort(-np.asarray(weights, dtype=float), kind="stable")[:capacity]
+        for arm_index, reward, weight in zip(np.asarray(arms)[order].tolist(), np.asarray(rewards)[order].tolist(),
+                                             np.asarray(weights)[order].tolist()):
+            if not (weight > 0 and math.isfinite(reward)):
+                continue
+            state, _ = record(settle(state)._replace(arm=np.asarray(arm_index, np.int32)), reward, 1.0, weight)
+        state = settle(state)
+        buffer = state.buffer._replace(last_round=np.zeros_like(state.buffer.last_round))
+        start = first_arm if start_arm is None else int(start_arm)
+        return state._replace(round=np.asarray(0, np.int32), arm=np.asarray(start, np.int32), buffer=buffer)
+
     return Tuner(init=init, update=update, arm=arm, surrogate=surrogate, space=space, settle=settle,
-                 record=record, complete=complete)
+                 record=record, complete=complete, prefill=prefill)

@@ -1,0 +1,135 @@
+"""Warm starts on the JAX routes: a snapshot from a finished engine state, and the check before it is used.
+
+:func:`engine_snapshot` reads a :class:`ahmc.core.snapshot.TuningSnapshot` off an :class:`EngineState`
+(the BlackJAX and NumPyro adapters call it on their final state).  :func:`prepare_warm_start` runs the
+check of :func:`ahmc.core.snapshot.check_fit` before anything else compiles: a short HMC run at the
+snapshot's metric and arm, from its positions.  When the snapshot fits, the engine starts from it and
+the chains from the check's last positions; when it does not, the caller runs the cold warm-up and the
+user is told why.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+import blackjax.mcmc.hmc as hmc
+
+from ahmc.core.snapshot import CHECK_ITERATIONS, FitReport, TuningSnapshot, check_dimension, check_fit
+
+__all__ = ["engine_snapshot", "load_snapshot", "prepare_warm_start", "WarmStartWarning"]
+
+
+class WarmStartWarning(UserWarning):
+    """A warm-start snapshot did not fit the model and the run fell back to the cold warm-up."""
+
+
+def load_snapshot(value) -> TuningSnapshot:
+    """A snapshot from a :class:`TuningSnapshot` or the path of a saved one; a clear error otherwise."""
+    if isinstance(value, TuningSnapshot):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        if not os.path.exists(value):
+            raise ValueError(f"warm_start={str(value)!r}: no such file; give a TuningSnapshot or the path "
+                             "snapshot.save(path) wrote.")
+        return TuningSnapshot.load(value)
+    raise ValueError("warm_start must be a TuningSnapshot (e.g. ahmc.adapters.blackjax.tuning_snapshot(info, "
+                     f"state)) or the path of a saved one; got {type(value).__name__}.")
+
+
+def _first_chain(tree, batched: bool):
+    return jax.tree.map(lambda x: np.asarray(x)[0], tree) if batched else jax.tree.map(np.asarray, tree)
+
+
+def engine_snapshot(state, step_size, num_steps, *, options=None, source: str = "") -> TuningSnapshot:
+    """The tuning of a finished run from its final :class:`EngineState`.
+
+    ``step_size`` and ``num_steps``: the arm in use (the last iteration's, e.g. ``info.step_size[:, -1]``);
+    one tuner per chain (``pooled=False``) gives chain 0's GP.  ``options``: the tuning options set.
+    """
+    tuner = state.tuner
+    batched = np.ndim(tuner.round) > 0
+    tuner = _first_chain(tuner, batched)
+    grid_shape = tuner.grid_variance.shape
+    buffer = tuner.buffer
+    occupied = buffer.count > 0
+
+    def unit(arm):
+        rows, cols = np.divmod(np.asarray(arm), grid_shape[1])
+        return np.stack([rows / max(grid_shape[0] - 1, 1), cols / max(grid_shape[1] - 1, 1)], axis=-1)
+
+    flat = jax.vmap(lambda p: ravel_pytree(p)[0])(state.position)
+    da = state.step_size_adaptation
+    return TuningSnapshot(
+        inverse_mass_matrix=np.asarray(state.inverse_mass_matrix, float),
+        step_size=float(np.exp(np.asarray(da.log_step_size_avg))),
+        step_size_bounds=tuple(np.asarray(state.box.step_size, float).tolist()),
+        num_steps_bounds=tuple(np.asarray(state.box.num_steps).tolist()),
+        arm=(float(np.ravel(step_size)[0]), int(np.ravel(num_steps)[0])),
+        positions=np.asarray(flat, float),
+        gp_arms=unit(buffer.arm[occupied]), gp_rewards=np.asarray(buffer.mean_reward[occupied], float),
+        gp_counts=np.asarray(buffer.count[occupied], float), arm_unit=unit(tuner.arm),
+        options=_storable(options or {}), source=source)
+
+
+def _storable(options: dict) -> dict:
+    """The options a snapshot can keep as JSON (a callable objective is left out)."""
+    return {name: (list(value) if isinstance(value, tuple) else value) for name, value in options.items()
+            if not callable(value)}
+
+
+def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel):
+    """``(flat draws (C, n, d), mean acceptance)`` of the check: HMC at the snapshot's arm, ``L_t ~ U{1..L}``."""
+    eps, max_steps = snapshot.arm
+    imm = jnp.asarray(snapshot.inverse_mass_matrix, start.dtype)
+    kernel = hmc.build_kernel()
+    flat_logdensity = lambda flat: logdensity_fn(unravel(flat))  # noqa: E731
+
+    def one_chain(key, position):
+        def body(state, key):
+            step_key, length_key = jax.random.split(key)
+            steps = jax.random.randint(length_key, (), 1, max_steps + 1)
+            state, info = kernel(step_key, state, flat_logdensity, eps, imm, steps)
+            return state, (state.position, info.acceptance_rate)
+
+        state = hmc.init(position, flat_logdensity)
+        _, (draws, accept) = jax.lax.scan(body, state, jax.random.split(key, CHECK_ITERATIONS))
+        return draws, accept
+
+    keys = jax.random.split(rng_key, start.shape[0])
+    draws, accept = jax.jit(jax.vmap(one_chain))(keys, start)
+    return np.asarray(draws), float(np.nanmean(np.asarray(accept)))
+
+
+def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: str, fallback: str):
+    """``(snapshot or None, positions, report)`` for a run asked to start from ``warm_start``.
+
+    ``positions`` has a leading chain axis.  The check runs its chains from the snapshot's positions
+    (cycled to the chain count); a fitting snapshot returns the check's last positions as the run's
+    start.  A failing one warns (:class:`WarmStartWarning`, with the reason and ``fallback``, what the
+    caller does instead) and returns ``(None, positions, report)``.
+    """
+    snapshot = load_snapshot(warm_start)
+    flat0, unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
+    num_chains = int(np.shape(jax.tree.leaves(positions)[0])[0])
+    report = check_dimension(snapshot, int(flat0.shape[0]))
+    if report is None:
+        rows = np.arange(num_chains) % snapshot.positions.shape[0]
+        start = jnp.asarray(snapshot.positions[rows], flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating)
+                            else jnp.float32)
+        finite = np.all(np.isfinite(np.asarray(jax.vmap(lambda f: logdensity_fn(unravel(f)))(start))))
+        if not finite:
+            report = FitReport(False, "the log density is not finite at the snapshot's positions")
+        else:
+            draws, acceptance = _check_run(logdensity_fn, snapshot, start, rng_key, unravel)
+            report = check_fit(snapshot, draws, acceptance)
+    if not report.fits:
+        warnings.warn(f"{name}: warm_start not used: {report.reason}. {fallback}", WarmStartWarning, stacklevel=3)
+        return None, positions, report
+    last = jnp.asarray(draws[:, -1], start.dtype)
+    return snapshot, jax.vmap(unravel)(last), report
