@@ -545,7 +545,8 @@ def _init(parts: _Parts, positions, rng_key=None) -> EngineState:
         tuner_state = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_chains, *x.shape)), tuner_state)
     box = SearchBox(jnp.asarray(parts.box0[0], dtype), jnp.asarray(parts.box0[1], jnp.int32))
     eps0 = jnp.asarray(parts.initial_step_size, dtype)
-    if parts.plan.metric_phase_length > 0:
+    # A warm start's eps* was adapted for this metric already (and checked): no search from it.
+    if parts.plan.metric_phase_length > 0 and parts.tuner_prior is None:
         key = jax.random.key(0) if rng_key is None else rng_key
         first = jax.tree.map(lambda x: x[0], (positions, grad, data))
         ref = hmc.HMCState(first[0], logdensity[0], first[1])

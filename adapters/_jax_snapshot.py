@@ -106,11 +106,12 @@ def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel)
     return np.asarray(draws), float(np.nanmean(np.asarray(accept)))
 
 
-def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: str, fallback: str):
+def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: str, fallback: str,
+                       first_row: int = 0):
     """``(snapshot or None, positions, report)`` for a run asked to start from ``warm_start``.
 
     ``positions`` has a leading chain axis.  The check runs its chains from the snapshot's positions
-    (cycled to the chain count); a fitting snapshot returns the check's last positions as the run's
+    (cycled to the chain count, from row ``first_row``); a fitting snapshot returns the check's last positions as the run's
     start.  A failing one warns (:class:`WarmStartWarning`, with the reason and ``fallback``, what the
     caller does instead) and returns ``(None, positions, report)``.
     """
@@ -119,7 +120,7 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
     num_chains = int(np.shape(jax.tree.leaves(positions)[0])[0])
     report = check_dimension(snapshot, int(flat0.shape[0]))
     if report is None:
-        rows = np.arange(num_chains) % snapshot.positions.shape[0]
+        rows = (first_row + np.arange(num_chains)) % snapshot.positions.shape[0]
         start = jnp.asarray(snapshot.positions[rows], flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating)
                             else jnp.float32)
         finite = np.all(np.isfinite(np.asarray(jax.vmap(lambda f: logdensity_fn(unravel(f)))(start))))

@@ -29,12 +29,13 @@ from numpyro.infer.util import initialize_model  # noqa: E402
 from numpyro.util import identity, is_prng_key  # noqa: E402
 
 from ._jax_engine import EngineState, build_engine  # noqa: E402
+from ._jax_snapshot import engine_snapshot, load_snapshot, prepare_warm_start  # noqa: E402
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
 from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, build_rmhmc_engine  # noqa: E402
 from ._numpyro_fisher import fisher_from_model, model_fisher_metric  # noqa: E402
 
 __all__ = ["AdaptiveHMC", "AdaptiveHMCState", "AdaptiveRMHMC", "AdaptiveRMHMCState", "constant_metric",
-           "fisher_logistic_metric", "model_fisher_metric"]
+           "fisher_logistic_metric", "model_fisher_metric", "tuning_snapshot"]
 
 # Metrics read off the model's sites (``_numpyro_fisher``): they need ``model``, not ``potential_fn``.
 MODEL_METRICS = ("fisher", "diagonal_fisher")
@@ -121,6 +122,11 @@ class AdaptiveHMC(MCMCKernel):
         compiled step instead of ``vmap``-ed; :class:`AdaptiveRMHMC`'s default with SoftAbs (its
         implicit solves take a different number of iterations on each chain, and ``vmap``-ed chains
         wait for the slowest).
+        ``warm_start``: a :func:`tuning_snapshot` of an earlier fit (or the path it was saved to).  ``init``
+        first checks it on a short run; when it fits, the warm-up starts from its mass matrix, step size,
+        GP evidence and positions, so ``num_warmup`` of a few hundred does.  When it does not, a
+        ``WarmStartWarning`` says why and the tuner starts cold (give ``num_warmup=1000`` then).
+        Sequential and vectorized chains (``chain_method="parallel"`` traces ``init``; not supported).
 
     Examples
     --------
@@ -137,7 +143,9 @@ class AdaptiveHMC(MCMCKernel):
         self._model = model
         self._potential_fn = potential_fn
         self._init_strategy = init_strategy
-        self._options = dict(options)
+        self._warm_start = None if options.get("warm_start") is None else load_snapshot(options["warm_start"])
+        self._options = {name: value for name, value in options.items() if name != "warm_start"}
+        self._run_options = self._options
         self._num_warmup = None
         self._potential_fn_gen = None
         self._postprocess_fn = None
@@ -178,7 +186,28 @@ class AdaptiveHMC(MCMCKernel):
         # schedules must stay concrete NumPy values.
         with jax.ensure_compile_time_eval():
             return self._build_engine(self._logdensity_fn(model_args, model_kwargs), num_warmup=self._num_warmup,
-                                      **self._options)
+                                      **self._run_options)
+
+    def _check_warm_start(self, positions, rng_key, model_args, model_kwargs):
+        """``(positions, rng_key)`` after the ``warm_start`` check; sets the options the engine is built with.
+
+        Without ``warm_start`` nothing changes (the same key, so the same draws)."""
+        self._run_options = self._options
+        if self._warm_start is None:
+            return positions, rng_key
+        if isinstance(rng_key, jax.core.Tracer):
+            raise ValueError("AdaptiveHMC(warm_start=...) checks the snapshot before the run, which "
+                             "chain_method='parallel' does not allow (it traces init); use chain_method="
+                             "'sequential' or 'vectorized'.")
+        rng_key, check_key = jax.random.split(rng_key)
+        # Sequential chains each start from another of the snapshot's chains.
+        first_row = 0 if self._vectorized else int(jax.random.randint(check_key, (), 0, 1 << 20))
+        snapshot, positions, _ = prepare_warm_start(
+            self._logdensity_fn(model_args, model_kwargs), positions, self._warm_start, check_key,
+            name="AdaptiveHMC", first_row=first_row,
+            fallback=f"The tuner starts cold within num_warmup={self._num_warmup} (a cold warm-up wants about 1000)")
+        self._run_options = {**self._options, "warm_start": snapshot}
+        return positions, rng_key
 
     @staticmethod
     def _build_engine(logdensity_fn, **options):
@@ -239,6 +268,7 @@ class AdaptiveHMC(MCMCKernel):
                 "AdaptiveHMC: init_params is an empty pytree; give the unconstrained position to start from.")
         positions = init_params if self._vectorized else jax.tree.map(lambda x: jnp.asarray(x)[None], init_params)
         _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
+        positions, engine_key = self._check_warm_start(positions, engine_key, model_args, model_kwargs)
         engine = self._engine(model_args, model_kwargs)
         engine_state = engine.init(positions, engine_key)
         self._sample_fn = self._sample
@@ -282,6 +312,25 @@ class AdaptiveHMC(MCMCKernel):
 
     def sample(self, state, model_args, model_kwargs):
         return self._sample_fn(state, model_args, model_kwargs)
+
+
+def tuning_snapshot(mcmc):
+    """The tuning of a finished ``MCMC(AdaptiveHMC(...))`` run, for the next fit's ``warm_start``.
+
+    Reads ``mcmc.last_state``; with several sequential chains (one tuner each) the GP and mass matrix are
+    chain 0's and the positions every chain's.  ``snapshot.save(path)`` keeps it beside the draws."""
+    kernel, state = getattr(mcmc, "sampler", None), getattr(mcmc, "last_state", None)
+    if type(kernel) is not AdaptiveHMC:
+        raise ValueError("tuning_snapshot needs an MCMC run with AdaptiveHMC (AdaptiveRMHMC has no warm start).")
+    if state is None:
+        raise ValueError("tuning_snapshot: the MCMC has not run yet; call mcmc.run(...) first.")
+    engine = state.engine
+    positions = engine.position
+    if mcmc.num_chains > 1 and mcmc.chain_method != "vectorized":  # chains stacked ahead of the engine's axes
+        positions = jax.tree.map(lambda x: jnp.reshape(x, (-1,) + jnp.shape(x)[2:]), positions)
+        engine = jax.tree.map(lambda x: x[0], engine)
+    return engine_snapshot(engine._replace(position=positions), state.step_size, state.max_steps,
+                           options=kernel._options, source="numpyro")
 
 
 def _unbatch(state):
@@ -360,6 +409,9 @@ class AdaptiveRMHMC(AdaptiveHMC):
                  metric: Any = "softabs", softabs_alpha: float = DEFAULT_SOFTABS_ALPHA,
                  fixed_point_tolerance: float | None = None,
                  max_fixed_point_iterations: int = DEFAULT_MAX_FIXED_POINT_ITERATIONS, **options):
+        if options.get("warm_start") is not None:
+            raise ValueError("warm_start is not available for AdaptiveRMHMC yet; use AdaptiveHMC(model, "
+                             "warm_start=...) or drop warm_start.")
         if _is_model_metric(metric) and model is None:
             raise ValueError(f"metric={metric!r} reads the model's sample sites, so it needs `model`; with "
                              "`potential_fn`, pass a metric callable or 'softabs'.")

@@ -187,8 +187,9 @@ class WarmupConfig:
     restart_lost_chains: bool = _option(True, "With 3 or more pooled chains, restart a chain lost far below the "
                                               "others from another chain's position (JAX routes).")
     warm_start_weight: float = _option(
-        4.0, "With `warm_start=`: each of the snapshot's GP arms enters with at most this weight (a pooled round "
-             "of C chains weighs C), so a few new rounds outweigh evidence from the earlier posterior.")
+        0.1, "With `warm_start=`: each of the snapshot's GP arms enters with at most this weight (one chain's "
+             "round weighs 1), so the new posterior's rounds soon outweigh the earlier one's evidence "
+             "(docs/decisions.md, \"Warm start: the weight of old rewards\").")
 
     def __post_init__(self):
         if self.metric_fraction is not None and not (isinstance(self.metric_fraction, numbers.Real)

@@ -1,0 +1,186 @@
+"""Warm starts on the JAX routes: a refit from a snapshot samples its own posterior, with a short warm-up,
+and a snapshot that does not fit falls back to the cold warm-up with a warning.
+
+Correctness as in test_blackjax.py: ESS-based z-scores against the exact moments (tests/reference.py).
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("blackjax")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from ahmc.adapters._jax_snapshot import WarmStartWarning  # noqa: E402
+from ahmc.adapters.blackjax import TuningSnapshot, gpucb_adaptation, run_chains, tuning_snapshot  # noqa: E402
+
+from ..reference import assert_moments_match  # noqa: E402
+
+NUM_CHAINS = 4
+SCALES = np.logspace(-1, 1, 8)  # sds 0.1 to 10: the mass matrix matters
+
+
+def gaussian(scales):
+    scales = jnp.asarray(scales)
+    return lambda x: -0.5 * jnp.sum((x / scales) ** 2)
+
+
+def warmup_gradients(info):
+    return int(np.asarray(info.num_integration_steps)[np.asarray(info.is_warmup)].sum())
+
+
+@pytest.fixture(scope="module")
+def cold_fit():
+    positions = jax.random.normal(jax.random.key(0), (NUM_CHAINS, len(SCALES)))
+    _, info, state = run_chains(jax.random.key(1), gaussian(SCALES), positions, 1000, 500, return_state=True)
+    return info, state, positions
+
+
+def test_a_snapshot_holds_the_runs_tuning(cold_fit, tmp_path):
+    info, state, _ = cold_fit
+    snapshot = tuning_snapshot(info, state)
+    assert snapshot.source == "blackjax" and snapshot.positions.shape == (NUM_CHAINS, len(SCALES))
+    # The adapted metric is the posterior's variances, within estimation error.
+    np.testing.assert_allclose(snapshot.variances / SCALES**2, 1.0, rtol=0.5)
+    assert snapshot.step_size_bounds[0] < snapshot.step_size < snapshot.step_size_bounds[1]
+    assert snapshot.arm == (pytest.approx(float(info.step_size[0, -1])), int(info.num_steps[0, -1]))
+    assert len(snapshot.gp_rewards) > 3 and np.all(snapshot.gp_counts > 0)
+    snapshot.save(tmp_path / "fit.npz")
+    np.testing.assert_array_equal(TuningSnapshot.load(tmp_path / "fit.npz").gp_rewards, snapshot.gp_rewards)
+    with pytest.raises(ValueError, match="return_state=True"):
+        tuning_snapshot(info)
+
+
+def test_a_refit_from_a_snapshot_samples_its_posterior_with_a_quarter_of_the_warmup(cold_fit, tmp_path):
+    info, state, positions = cold_fit
+    path = tmp_path / "fit.json"
+    tuning_snapshot(info, state).save(path)
+    refit = SCALES * 1.1  # the posterior of a refit: a little wider
+    samples, warm_info = run_chains(jax.random.key(2), gaussian(refit), positions, 250, 2000, warm_start=str(path))
+    assert np.asarray(warm_info.is_warmup).sum(axis=1).tolist() == [250] * NUM_CHAINS
+    # The warm-up starts at the snapshot's step size and costs a fraction of the cold one's gradients.
+    assert float(warm_info.step_size[0, 0]) == pytest.approx(tuning_snapshot(info, state).step_size, rel=1e-5)
+    assert warmup_gradients(warm_info) < 0.4 * warmup_gradients(info)
+    assert_moments_match(np.asarray(samples), np.zeros(len(SCALES)), refit)
+
+
+def test_a_snapshot_of_another_scale_falls_back_to_the_cold_warmup(cold_fit):
+    info, state, positions = cold_fit
+    wider = SCALES * 30.0
+    with pytest.warns(WarmStartWarning, match="variances are .* times the snapshot's.*cold warm-up \\(1000"):
+        samples, warm_info = run_chains(jax.random.key(3), gaussian(wider), positions, 250, 2000,
+                                        warm_start=tuning_snapshot(info, state))
+    assert np.asarray(warm_info.is_warmup).sum(axis=1).tolist() == [1000] * NUM_CHAINS
+    assert_moments_match(np.asarray(samples), np.zeros(len(SCALES)), wider)
+
+
+def test_a_snapshot_of_another_model_falls_back_and_bad_input_is_named(cold_fit):
+    info, state, _ = cold_fit
+    snapshot = tuning_snapshot(info, state)
+    other = jnp.zeros((NUM_CHAINS, len(SCALES) + 1))
+    with pytest.warns(WarmStartWarning, match="8 parameters .* this model 9: .*another model"):
+        _, other_info = run_chains(jax.random.key(4), gaussian(np.ones(9)), other, 100, 50, warm_start=snapshot)
+    assert np.asarray(other_info.is_warmup).sum(axis=1)[0] == 1000
+    positions = jnp.zeros((NUM_CHAINS, len(SCALES)))
+    with pytest.raises(ValueError, match="no such file"):
+        run_chains(jax.random.key(5), gaussian(SCALES), positions, 100, 50, warm_start="missing.json")
+    with pytest.raises(ValueError, match="warm_start must be a TuningSnapshot"):
+        run_chains(jax.random.key(5), gaussian(SCALES), positions, 100, 50, warm_start=3)
+    data = jnp.ones((NUM_CHAINS, 2))
+    with pytest.raises(ValueError, match="warm_start does not combine with chain_data"):
+        run_chains(jax.random.key(5), lambda x, d: gaussian(SCALES)(x), positions, 100, 50, warm_start=snapshot,
+                   chain_data=data)
+
+
+def test_the_blackjax_adaptation_takes_and_gives_a_snapshot(cold_fit):
+    info, state, positions = cold_fit
+    adaptation = gpucb_adaptation(gaussian(SCALES), warm_start=tuning_snapshot(info, state))
+    (last, parameters), adaptation_info = adaptation.run(jax.random.key(6), positions, num_steps=300)
+    again = tuning_snapshot(adaptation_info)
+    assert again.positions.shape == (NUM_CHAINS, len(SCALES))
+    np.testing.assert_allclose(again.variances / SCALES**2, 1.0, rtol=0.5)
+    assert set(parameters) >= {"step_size", "inverse_mass_matrix"}
+
+
+# --------------------------------------------------------------------------- #
+# NumPyro: MCMC(AdaptiveHMC(model, warm_start=...))
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def numpyro_fit():
+    numpyro = pytest.importorskip("numpyro")
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveHMC
+
+    def model(scales):
+        numpyro.sample("x", numpyro.distributions.Normal(0.0, scales))
+
+    mcmc = MCMC(AdaptiveHMC(model), num_warmup=1000, num_samples=200, num_chains=NUM_CHAINS,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(7), jnp.asarray(SCALES), extra_fields=("num_steps",))
+    return model, mcmc
+
+
+def numpyro_run(model, snapshot, scales, *, seed, num_warmup=250, num_chains=NUM_CHAINS, chain_method="vectorized"):
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveHMC
+
+    mcmc = MCMC(AdaptiveHMC(model, warm_start=snapshot), num_warmup=num_warmup, num_samples=2000,
+                num_chains=num_chains, chain_method=chain_method, progress_bar=False)
+    mcmc.run(jax.random.key(seed), jnp.asarray(scales), extra_fields=("num_steps", "step_size"))
+    return mcmc
+
+
+def test_numpyro_snapshot_fields_and_a_warm_refit(numpyro_fit, tmp_path):
+    from ahmc.adapters.numpyro import tuning_snapshot
+
+    model, mcmc = numpyro_fit
+    snapshot = tuning_snapshot(mcmc)
+    assert snapshot.source == "numpyro" and snapshot.positions.shape == (NUM_CHAINS, len(SCALES))
+    np.testing.assert_allclose(snapshot.variances / SCALES**2, 1.0, rtol=0.5)
+    last = mcmc.last_state
+    assert snapshot.arm == (pytest.approx(float(last.step_size[0])), int(last.max_steps[0]))
+    snapshot.save(tmp_path / "fit.json")
+    refit = SCALES * 0.9
+    warm = numpyro_run(model, tmp_path / "fit.json", refit, seed=8)
+    assert_moments_match(np.asarray(warm.get_samples(group_by_chain=True)["x"]), np.zeros(len(SCALES)), refit)
+
+
+def test_numpyro_sequential_chains_share_a_snapshot(numpyro_fit):
+    from ahmc.adapters.numpyro import tuning_snapshot
+
+    model, mcmc = numpyro_fit
+    sequential = numpyro_run(model, tuning_snapshot(mcmc), SCALES, seed=9, num_chains=2, chain_method="sequential")
+    again = tuning_snapshot(sequential)  # chains stacked ahead of the engine's axes
+    assert again.positions.shape == (2, len(SCALES))
+    assert_moments_match(np.asarray(sequential.get_samples(group_by_chain=True)["x"]), np.zeros(len(SCALES)),
+                         SCALES, min_ess=100)
+
+
+def test_numpyro_a_mismatched_snapshot_warns_and_the_run_is_still_right(numpyro_fit):
+    from ahmc.adapters.numpyro import tuning_snapshot
+
+    model, mcmc = numpyro_fit
+    wider = SCALES * 30.0
+    with pytest.warns(WarmStartWarning, match="tuner starts cold within num_warmup=1000"):
+        cold = numpyro_run(model, tuning_snapshot(mcmc), wider, seed=10, num_warmup=1000)
+    assert_moments_match(np.asarray(cold.get_samples(group_by_chain=True)["x"]), np.zeros(len(SCALES)), wider)
+
+
+def test_numpyro_warm_start_bad_input(numpyro_fit):
+    from numpyro.infer import MCMC, NUTS
+
+    from ahmc.adapters.numpyro import AdaptiveHMC, AdaptiveRMHMC, tuning_snapshot
+
+    model, mcmc = numpyro_fit
+    with pytest.raises(ValueError, match="no such file"):
+        AdaptiveHMC(model, warm_start="missing.npz")
+    with pytest.raises(ValueError, match="not available for AdaptiveRMHMC"):
+        AdaptiveRMHMC(model, warm_start=tuning_snapshot(mcmc))
+    with pytest.raises(ValueError, match="has not run yet"):
+        tuning_snapshot(MCMC(AdaptiveHMC(model), num_warmup=10, num_samples=10))
+    with pytest.raises(ValueError, match="needs an MCMC run with AdaptiveHMC"):
+        tuning_snapshot(MCMC(NUTS(model), num_warmup=10, num_samples=10))
