@@ -41,13 +41,13 @@ from ._pooled import POOLED_CORES_MESSAGE, PooledAdaptiveHMC
 from ._rmhmc import RMHMC_STATS, AdaptiveRMHMC, constant_metric, fisher_logistic_metric
 
 __all__ = ["AdaptiveHMC", "PooledAdaptiveHMC", "AdaptiveRMHMC", "constant_metric", "fisher_logistic_metric",
-           "sample_numpyro_ahmc", "STATS", "RMHMC_STATS"]
+           "sample_numpyro_ahmc", "tuning_snapshot", "STATS", "RMHMC_STATS"]
 
 
 def __getattr__(name):
     # The compiled route (PyMC model -> JAX -> ahmc's NumPyro kernel) needs the numpyro extra: imported on use,
     # so that importing the step does not import JAX (cores > 1 then forks a process without JAX's threads).
-    if name in ("sample_numpyro_ahmc", "jax_logdensity"):
+    if name in ("sample_numpyro_ahmc", "jax_logdensity", "tuning_snapshot"):
         from . import _compiled
 
         return getattr(_compiled, name)

@@ -39,10 +39,13 @@ from pymc.stats.convergence import log_warnings, run_convergence_checks  # noqa:
 from pymc.util import _get_seeds_per_chain, get_default_varnames  # noqa: E402
 
 from ..diagnostics import CONFIG_ATTR, FREE_VARS_ATTR, config_from_numpyro  # noqa: E402
-from ..numpyro import TUNER_FIELDS, AdaptiveHMC, AdaptiveRMHMC  # noqa: E402
+from ..numpyro import TUNER_FIELDS, AdaptiveHMC, AdaptiveRMHMC, tuning_snapshot as _numpyro_snapshot  # noqa: E402
 from ._step import refuse_discrete  # noqa: E402
 
-__all__ = ["sample_numpyro_ahmc", "jax_logdensity"]
+__all__ = ["sample_numpyro_ahmc", "jax_logdensity", "tuning_snapshot"]
+
+#: The DataTree attribute that keeps the run's tuning snapshot (JSON), for the next fit's ``warm_start``.
+SNAPSHOT_ATTR = "ahmc_tuning_snapshot"
 
 #: NumPyro kernel field -> PyMC sample-stat name (as PyMC's step methods and ``sample_numpyro_nuts`` name them).
 STAT_NAMES = {"num_steps": "n_steps", "accept_prob": "acceptance_rate", "diverging": "diverging",
@@ -139,7 +142,9 @@ def sample_numpyro_ahmc(
     (``step_size``, ``n_steps``, ``acceptance_rate``, ``diverging``, ``energy``, ``lp``) and the
     tuner's (``max_steps``, ``reward``, ``tuning_round``, ``arm_changed``, ``adapt_probability``,
     ``restarted``), ``observed_data`` / ``constant_data``, and the attribute ``ahmc_config`` (search
-    box and GP settings) that :func:`ahmc.adapters.diagnostics.history_from_datatree` reads.
+    box and GP settings) that :func:`ahmc.adapters.diagnostics.history_from_datatree` reads, and
+    ``ahmc_tuning_snapshot``: the run's tuning, which :func:`tuning_snapshot` reads for the next fit's
+    ``warm_start=`` (docs/warm_start.md).
 
     Examples
     --------
@@ -194,15 +199,29 @@ def sample_numpyro_ahmc(
     # The free variables: the correlation hint of the tuning summary should not pair a variable with
     # its own deterministic transform.
     free_vars = json.dumps([rv.name for rv in model.free_RVs])
+    root_attrs = {CONFIG_ATTR: config, FREE_VARS_ATTR: free_vars}
+    if not riemannian:
+        root_attrs[SNAPSHOT_ATTR] = _numpyro_snapshot(mcmc).to_json()
     # sampling_time includes JAX's compilation of the warm-up and sampling loops, as in sample_numpyro_nuts.
     posterior_attrs = make_attrs({"sampling_time": elapsed, "tuning_steps": int(tune),
                                   "sampler": f"ahmc.adapters.numpyro.{kernel_class.__name__}"},
                                  inference_library=numpyro)
     tree = from_dict(groups, coords=coords, dims=dims, sample_dims=["chain", "draw"], save_warmup=True,
-                     attrs={"/": {CONFIG_ATTR: config, FREE_VARS_ATTR: free_vars}, "posterior": posterior_attrs,
+                     attrs={"/": root_attrs, "posterior": posterior_attrs,
                             "sample_stats": {CONFIG_ATTR: config}})
     if compute_convergence_checks:
         warnings_ = run_convergence_checks(tree, model)
         if not quiet:
             log_warnings(warnings_)
     return tree
+
+
+def tuning_snapshot(tree):
+    """The tuning snapshot :func:`sample_numpyro_ahmc` kept in its DataTree (``warm_start=`` of the next fit)."""
+    from ahmc.core.snapshot import TuningSnapshot
+
+    text = getattr(tree, "attrs", {}).get(SNAPSHOT_ATTR)
+    if text is None:
+        raise ValueError("tuning_snapshot needs a DataTree from sample_numpyro_ahmc (riemannian=False); this one "
+                         f"has no {SNAPSHOT_ATTR!r} attribute.")
+    return TuningSnapshot.from_json(text)

@@ -431,6 +431,11 @@ class AdaptiveHMC(BaseHMC):
     pooled_step = False
 
     def __init__(self, vars=None, *, config=None, paper_preset=False, pooled=False, model=None, **kwargs):
+        if kwargs.get("warm_start") is not None:
+            raise ValueError(f"{type(self).__name__}: warm_start is not available in pm.sample's step methods yet; "
+                             "use ahmc.adapters.pymc.sample_numpyro_ahmc(..., warm_start=tuning_snapshot(idata)), "
+                             "the compiled route, or drop warm_start.")
+        kwargs.pop("warm_start", None)
         tuning, kwargs = resolve_options({"config": config, "paper_preset": paper_preset, **kwargs}, type(self).__name__)
         (step_size_bounds, num_steps_bounds, round_length, objective, divergence_penalty, jump_estimate, schedule, k,
          decay, freeze_after, adapt_mass_matrix, initial_step_size, metric_fraction, step_size_factors,

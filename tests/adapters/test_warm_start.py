@@ -184,3 +184,33 @@ def test_numpyro_warm_start_bad_input(numpyro_fit):
         tuning_snapshot(MCMC(AdaptiveHMC(model), num_warmup=10, num_samples=10))
     with pytest.raises(ValueError, match="needs an MCMC run with AdaptiveHMC"):
         tuning_snapshot(MCMC(NUTS(model), num_warmup=10, num_samples=10))
+
+
+# --------------------------------------------------------------------------- #
+# PyMC: the compiled route keeps the snapshot in its DataTree
+# --------------------------------------------------------------------------- #
+
+
+def test_pymc_compiled_route_refits_from_its_datatree():
+    pm = pytest.importorskip("pymc")
+    pytest.importorskip("numpyro")
+    from ahmc.adapters.pymc import AdaptiveHMC, sample_numpyro_ahmc, tuning_snapshot
+
+    def fit(sigma, **options):
+        with pm.Model():
+            pm.Normal("x", 0.0, sigma, shape=len(SCALES))
+            return sample_numpyro_ahmc(draws=2000, chains=NUM_CHAINS, random_seed=11, progressbar=False, **options)
+
+    cold = fit(SCALES, tune=1000)
+    snapshot = tuning_snapshot(cold)
+    assert snapshot.source == "numpyro" and snapshot.positions.shape == (NUM_CHAINS, len(SCALES))
+    refit = SCALES * 1.1
+    warm = fit(refit, tune=250, warm_start=snapshot)
+    draws = np.asarray(warm.posterior["x"].values)
+    assert_moments_match(draws, np.zeros(len(SCALES)), refit)
+    with pytest.raises(ValueError, match="no 'ahmc_tuning_snapshot' attribute"):
+        tuning_snapshot(warm["posterior"])
+    with pm.Model():
+        pm.Normal("y", 0.0, 1.0)
+        with pytest.raises(ValueError, match="warm_start is not available in pm.sample's step methods"):
+            AdaptiveHMC(warm_start=snapshot)
