@@ -36,6 +36,7 @@ MARKERS = {
     "funnel_metric": "def funnel_metric(flat):",
     "rmhmc_pymc": "idata = pm.sample(step=AdaptiveRMHMC(metric=fisher_logistic_metric(X)))",
     "cross_validation": "cv = cross_validate(model, X, y,",
+    "warm_start": 'tuning_snapshot(info, state).save("fit.json")',
 }
 
 
@@ -269,3 +270,18 @@ def test_cross_validation_block_runs():
     code = block("cross_validation").replace("num_warmup=1000, num_samples=4000", "num_warmup=100, num_samples=100")
     names = run(code, X=X, y=y, X_test=X_test)
     assert np.shape(names["means"])[:2] == (8, 10)
+
+
+def test_warm_start_block_runs(tmp_path, monkeypatch):
+    pytest.importorskip("blackjax")
+    import warnings
+
+    from ahmc.adapters._jax_snapshot import WarmStartWarning
+
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)  # the snapshot fits the refit
+        names = run(block("warm_start"))
+    assert (tmp_path / "fit.json").exists()
+    assert np.asarray(names["info"].is_warmup).sum(axis=1).tolist() == [250] * 4
+    assert names["samples"].shape == (4, 1000, 10)

@@ -1,0 +1,121 @@
+"""Refits with and without a warm start: ``python -m benchmarks.refit [--seeds 3] [--models pima,breast_cancer]``.
+
+Each scenario fits a logistic regression once (cold, the earlier fit), keeps its tuning snapshot
+(:func:`ahmc.adapters.blackjax.tuning_snapshot`), and refits new data twice with the same seeds: cold
+(1000 warm-up iterations) and warm (``warm_start=snapshot``, 250).  The new data are a bootstrap
+resample of the rows, or every row after an earlier fit on the first 90% ("one more batch").
+
+Reported per refit, the mean over seeds: warm-up gradients (the warm start's check counted), total wall
+seconds (compilation included: the new data are a new log density), the strict ESS (min over coordinates
+of min(bulk ESS of x, of (x - mean)^2)) per gradient and per second, the largest |z| of the warm run's
+means against the cold run's (both MCSEs), and the largest R-hat.  Uses only the public API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+from ahmc.adapters.blackjax import run_chains, tuning_snapshot
+from ahmc.core.snapshot import CHECK_ITERATIONS
+
+from .metrics import bulk_ess, split_rhat
+from .models import load_breast_cancer, load_pima, logistic_regression
+
+LOADERS = {"pima": load_pima, "breast_cancer": load_breast_cancer}
+NUM_CHAINS, NUM_SAMPLES, COLD_WARMUP, WARM_WARMUP = 4, 1000, 1000, 250
+
+
+def scenarios(name: str, rng):
+    """``(label, earlier model, refit model)`` pairs of one data set."""
+    X, y, _ = LOADERS[name]()
+    rows = rng.integers(0, len(y), len(y))
+    first = int(0.9 * len(y))
+    yield "bootstrap", logistic_regression(name, X, y, ""), logistic_regression(name, X[rows], y[rows], "")
+    yield "+10% rows", logistic_regression(name, X[:first], y[:first], ""), logistic_regression(name, X, y, "")
+
+
+def strict_ess(draws) -> float:
+    draws = np.asarray(draws, dtype=float)
+    squares = (draws - draws.mean(axis=(0, 1))) ** 2
+    return float(min(bulk_ess(draws).min(), bulk_ess(squares).min()))
+
+
+def mcse(draws):
+    return draws.std(axis=(0, 1)) / np.sqrt(bulk_ess(draws))
+
+
+def run(model, seed: int, num_warmup: int, warm_start=None) -> dict:
+    positions = 0.1 * jax.random.normal(jax.random.key(seed), (NUM_CHAINS, model.dim))
+    logdensity = lambda x: model.logdensity_fn(x)  # noqa: E731  -- a new function: compiled anew, as a refit is
+    start = time.perf_counter()
+    samples, info, state = run_chains(jax.random.key(seed + 1), logdensity, positions, num_warmup, NUM_SAMPLES,
+                                      warm_start=warm_start, return_state=True)
+    draws = np.asarray(samples)
+    seconds = time.perf_counter() - start
+    steps, warmup = np.asarray(info.num_integration_steps), np.asarray(info.is_warmup)
+    # The check: CHECK_ITERATIONS transitions per chain with L ~ U{1..L} at the snapshot's arm (its mean).
+    check = 0.0 if warm_start is None else NUM_CHAINS * CHECK_ITERATIONS * (warm_start.arm[1] + 1) / 2
+    grads = {"warmup": float(steps[warmup].sum()) + check, "sampling": float(steps[~warmup].sum())}
+    return {"draws": draws, "seconds": seconds, "grads": grads, "ess": strict_ess(draws),
+            "rhat": float(split_rhat(draws).max()), "snapshot": tuning_snapshot(info, state),
+            "fell_back": int(warmup.sum(axis=1)[0]) != num_warmup}
+
+
+def compare(name: str, seeds: int) -> list[dict]:
+    rows = []
+    for label, earlier, refit in scenarios(name, np.random.default_rng(0)):
+        snapshot = run(earlier, 100, COLD_WARMUP)["snapshot"]
+        per_seed = []
+        for seed in range(seeds):
+            cold, warm = run(refit, seed, COLD_WARMUP), run(refit, seed, WARM_WARMUP, warm_start=snapshot)
+            z = (warm["draws"].mean(axis=(0, 1)) - cold["draws"].mean(axis=(0, 1))) / np.hypot(
+                mcse(warm["draws"]), mcse(cold["draws"]))
+            per_seed.append((cold, warm, float(np.abs(z).max())))
+        rows.append(summary(name, label, per_seed))
+    return rows
+
+
+def summary(name: str, label: str, per_seed) -> dict:
+    def mean(key, which):
+        return float(np.mean([key(pair[which]) for pair in per_seed]))
+
+    out = {"model": name, "scenario": label, "max_abs_z": max(p[2] for p in per_seed),
+           "fell_back": sum(p[1]["fell_back"] for p in per_seed)}
+    for which, tag in ((0, "cold"), (1, "warm")):
+        out[f"{tag}_warmup_grads"] = mean(lambda r: r["grads"]["warmup"], which)
+        out[f"{tag}_seconds"] = mean(lambda r: r["seconds"], which)
+        out[f"{tag}_ess_per_grad"] = mean(lambda r: r["ess"] / (r["grads"]["warmup"] + r["grads"]["sampling"]), which)
+        out[f"{tag}_ess_per_s"] = mean(lambda r: r["ess"] / r["seconds"], which)
+        out[f"{tag}_max_rhat"] = max(pair[which]["rhat"] for pair in per_seed)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | refit | warm-up grads cold / warm | wall s cold / warm | strict ESS/grad warm : cold "
+             "| strict ESS/s warm : cold | max abs z (warm vs cold) | max R-hat cold / warm | fell back |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['scenario']} | {r['cold_warmup_grads']:.0f} / {r['warm_warmup_grads']:.0f} "
+            f"| {r['cold_seconds']:.1f} / {r['warm_seconds']:.1f} | {r['warm_ess_per_grad'] / r['cold_ess_per_grad']:.2f} "
+            f"| {r['warm_ess_per_s'] / r['cold_ess_per_s']:.2f} | {r['max_abs_z']:.2f} "
+            f"| {r['cold_max_rhat']:.3f} / {r['warm_max_rhat']:.3f} | {r['fell_back']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--models", default="pima,breast_cancer")
+    args = parser.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    rows = [row for name in args.models.split(",") for row in compare(name, args.seeds)]
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
