@@ -364,11 +364,7 @@ def build_engine(
     tuner = gp_ucb(space, initial_arm=initial_arm, capacity=capacity, lengthscale=lengthscale,
                    noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, k=plan.k, decay=decay,
                    freeze_after=plan.freeze_rounds)
-    tuner_prior = None
-    if warm_start is not None:
-        arms, rewards, weights, start_arm = prior_evidence(warm_start, space.step_size_unit, space.num_steps_unit,
-                                                           warm_start_weight)
-        tuner_prior = tuner.prefill(arms, rewards, weights, start_arm=start_arm)
+    tuner_prior = _tuner_prior(tuner, warm_start, warm_start_weight)
     min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
     by_trajectory = jump_estimate == "trajectory"
     config = EngineConfig(
@@ -430,6 +426,16 @@ class _Parts(NamedTuple):
     super_transitions: int | None
     buffer_length: int
     tuner_prior: Any = None  # a NumPy TunerState holding a warm start's GP evidence
+
+
+def _tuner_prior(tuner, warm_start, max_weight):
+    """The tuner's first state holding a warm start's GP evidence (None without a warm start)."""
+    if warm_start is None:
+        return None
+    space = tuner.space
+    arms, rewards, weights, start_arm = prior_evidence(warm_start, space.step_size_unit, space.num_steps_unit,
+                                                       max_weight)
+    return tuner.prefill(arms, rewards, weights, start_arm=start_arm)
 
 
 def _warm_metric(warm_start, inverse_mass_matrix, dense_mass, initial_step_size):
