@@ -1,6 +1,7 @@
-"""Refits with and without a warm start: ``python -m benchmarks.refit [--seeds 3] [--models pima,breast_cancer]``.
+"""Refits with and without a warm start: ``python -m benchmarks.refit [--seeds 3] [--models pima,kidiq]``.
 
-Each scenario fits a logistic regression once (cold, the earlier fit), keeps its tuning snapshot
+Each scenario fits a model (the logistic regressions Pima and breast cancer, posteriordb's kidiq linear
+regression) once (cold, the earlier fit), keeps its tuning snapshot
 (:func:`ahmc.adapters.blackjax.tuning_snapshot`), and refits new data twice with the same seeds: cold
 (1000 warm-up iterations) and warm (``warm_start=snapshot``, 250).  The new data are a bootstrap
 resample of the rows, or every row after an earlier fit on the first 90% ("one more batch").
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -24,13 +26,43 @@ from ahmc.core.snapshot import CHECK_ITERATIONS
 
 from .metrics import bulk_ess, split_rhat
 from .models import load_breast_cancer, load_pima, logistic_regression
+from .posteriordb import POSTERIORS, load_data
 
 LOADERS = {"pima": load_pima, "breast_cancer": load_breast_cancer}
+POSTERIORDB = {"kidiq": "kidiq-kidscore_momiq"}  # a posteriordb linear regression: rows of its data
 NUM_CHAINS, NUM_SAMPLES, COLD_WARMUP, WARM_WARMUP = 4, 1000, 1000, 250
+
+
+class Posterior(NamedTuple):
+    logdensity_fn: Callable
+    dim: int
+
+
+def posteriordb_model(name: str, rows) -> Posterior:
+    """The posteriordb posterior ``name`` on the given rows of its data (every length-N array subset)."""
+    from jax.flatten_util import ravel_pytree
+    from numpyro.infer.util import initialize_model
+
+    posterior, builder = POSTERIORS[name]
+    data = load_data(posterior)
+    size = int(data["N"])
+    data = {key: (np.asarray(value)[rows].tolist() if np.ndim(value) and len(value) == size else value)
+            for key, value in data.items()}
+    data["N"] = len(rows)
+    info = initialize_model(jax.random.key(0), builder(data), dynamic_args=False)
+    flat, unravel = ravel_pytree(info.param_info.z)
+    potential = info.potential_fn
+    return Posterior(lambda x: -potential(unravel(x)), int(flat.shape[0]))
 
 
 def scenarios(name: str, rng):
     """``(label, earlier model, refit model)`` pairs of one data set."""
+    if name in POSTERIORDB:
+        size = int(load_data(POSTERIORDB[name])["N"])
+        every, first = np.arange(size), int(0.9 * size)
+        yield "bootstrap", posteriordb_model(name, every), posteriordb_model(name, rng.integers(0, size, size))
+        yield "+10% rows", posteriordb_model(name, every[:first]), posteriordb_model(name, every)
+        return
     X, y, _ = LOADERS[name]()
     rows = rng.integers(0, len(y), len(y))
     first = int(0.9 * len(y))
@@ -110,7 +142,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--models", default="pima,breast_cancer")
+    parser.add_argument("--models", default="pima,breast_cancer,kidiq")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
     rows = [row for name in args.models.split(",") for row in compare(name, args.seeds)]

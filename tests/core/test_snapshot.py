@@ -70,6 +70,10 @@ def test_the_check_passes_the_same_posterior_and_refuses_another_scale():
     wider = check_fit(snap, gaussian_draws(100.0 * VARIANCES, seed=2), acceptance_rate=0.8)
     assert not wider.fits and "variances are" in wider.reason
     assert wider.variance_ratio == pytest.approx(np.full(DIM, 100.0), rel=0.2)
+    # Half the variances (a check run that has not spread over a slowly mixing posterior) still fits;
+    # a fifth does not.
+    assert check_fit(snap, gaussian_draws(0.5 * VARIANCES, seed=5), acceptance_rate=0.8).fits
+    assert not check_fit(snap, gaussian_draws(0.2 * VARIANCES, seed=6), acceptance_rate=0.8).fits
     # All coordinates 2.5x: each within the per-coordinate factor 3, but the overall scale has moved.
     assert not check_fit(snap, gaussian_draws(2.5 * VARIANCES, seed=3), acceptance_rate=0.8).fits
     # One coordinate in six off by 100x: beyond the 90% quantile's allowance.
