@@ -56,7 +56,12 @@ def test_a_refit_from_a_snapshot_samples_its_posterior_with_a_quarter_of_the_war
     path = tmp_path / "fit.json"
     tuning_snapshot(info, state).save(path)
     refit = SCALES * 1.1  # the posterior of a refit: a little wider
-    samples, warm_info = run_chains(jax.random.key(2), gaussian(refit), positions, 250, 2000, warm_start=str(path))
+    samples, warm_info, warm_state = run_chains(jax.random.key(2), gaussian(refit), positions, 250, 2000,
+                                                warm_start=str(path), return_state=True)
+    # The GP holds the snapshot's arms at weight 0.1 each beside the new pooled rounds (weight 4 each).
+    counts = np.asarray(warm_state.tuner.buffer.count)
+    old_weight = np.isclose(counts % 1.0, 0.1, atol=1e-4)
+    assert old_weight.sum() >= len(tuning_snapshot(info, state).gp_rewards) // 2, counts
     assert np.asarray(warm_info.is_warmup).sum(axis=1).tolist() == [250] * NUM_CHAINS
     # The warm-up starts at the snapshot's step size and costs a fraction of the cold one's gradients.
     assert float(warm_info.step_size[0, 0]) == pytest.approx(tuning_snapshot(info, state).step_size, rel=1e-5)
