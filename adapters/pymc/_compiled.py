@@ -104,6 +104,17 @@ def _to_model_variables(model, var_names, keep_untransformed):
     return convert
 
 
+def _root_attrs(mcmc, model, riemannian: bool) -> dict:
+    """The DataTree's root attributes: the tuning configuration, the free variables and the tuning snapshot."""
+    # The free variables: the correlation hint of the tuning summary should not pair a variable with
+    # its own deterministic transform.
+    attrs = {CONFIG_ATTR: config_from_numpyro(mcmc).to_json(),
+             FREE_VARS_ATTR: json.dumps([rv.name for rv in model.free_RVs])}
+    if not riemannian:
+        attrs[SNAPSHOT_ATTR] = _numpyro_snapshot(mcmc).to_json()
+    return attrs
+
+
 def sample_numpyro_ahmc(
     draws: int = 1000,
     *,
@@ -195,20 +206,14 @@ def sample_numpyro_ahmc(
     if constant:
         groups["constant_data"] = constant
     coords, dims = coords_and_dims_for_inferencedata(model)
-    config = config_from_numpyro(mcmc).to_json()
-    # The free variables: the correlation hint of the tuning summary should not pair a variable with
-    # its own deterministic transform.
-    free_vars = json.dumps([rv.name for rv in model.free_RVs])
-    root_attrs = {CONFIG_ATTR: config, FREE_VARS_ATTR: free_vars}
-    if not riemannian:
-        root_attrs[SNAPSHOT_ATTR] = _numpyro_snapshot(mcmc).to_json()
+    root_attrs = _root_attrs(mcmc, model, riemannian)
     # sampling_time includes JAX's compilation of the warm-up and sampling loops, as in sample_numpyro_nuts.
     posterior_attrs = make_attrs({"sampling_time": elapsed, "tuning_steps": int(tune),
                                   "sampler": f"ahmc.adapters.numpyro.{kernel_class.__name__}"},
                                  inference_library=numpyro)
     tree = from_dict(groups, coords=coords, dims=dims, sample_dims=["chain", "draw"], save_warmup=True,
                      attrs={"/": root_attrs, "posterior": posterior_attrs,
-                            "sample_stats": {CONFIG_ATTR: config}})
+                            "sample_stats": {CONFIG_ATTR: root_attrs[CONFIG_ATTR]}})
     if compute_convergence_checks:
         warnings_ = run_convergence_checks(tree, model)
         if not quiet:
