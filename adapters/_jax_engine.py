@@ -69,7 +69,7 @@ from blackjax.adaptation.step_size import find_reasonable_step_size
 
 from ahmc.core import Config, RoundStats, TunerState, gp_ucb, search_space
 from ahmc.core.config import GPConfig, resolve_options
-from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM
+from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, resolve_metric_recipe
 from ahmc.core.objectives import get_objective, needs_center
 from ahmc.core.options import check_option_names, whole_number_pair
 from ahmc.core.schedule import WarmupPlan, first_unit_num_steps, plan_warmup, warmup_num_steps
@@ -285,6 +285,7 @@ def build_engine(
     adapt_mass_matrix: bool = _DEFAULT.warmup.adapt_mass_matrix,
     inverse_mass_matrix=None,
     dense_mass: bool | str = _DEFAULT.warmup.dense_mass,
+    metric_recipe: str | None = _DEFAULT.warmup.metric_recipe,
     pooled: bool = True,
     round_length: int = _DEFAULT.schedule.round_length,
     metric_fraction: float | None = _DEFAULT.warmup.metric_fraction,
@@ -333,8 +334,9 @@ def build_engine(
     ``warm_start``: a checked :class:`ahmc.core.snapshot.TuningSnapshot` (``ahmc.adapters._jax_snapshot``):
     its metric and step size start the warm-up and its GP evidence the tuner.
     """
+    recipe, dense_mass = resolve_metric_recipe(metric_recipe, dense_mass)
     inverse_mass_matrix, dense_mass, initial_step_size = _warm_metric(
-        warm_start, inverse_mass_matrix, dense_mass, initial_step_size)
+        warm_start, inverse_mass_matrix, dense_mass, initial_step_size, follow_snapshot=metric_recipe is None)
     checked = _check_options(
         logdensity_fn, num_warmup=num_warmup, step_size_bounds=step_size_bounds, num_steps_bounds=num_steps_bounds,
         round_length=round_length, metric_fraction=metric_fraction, step_size_factors=step_size_factors,
@@ -381,7 +383,7 @@ def build_engine(
         sequential_chains=sequential_chains, by_trajectory=by_trajectory)
     warmup = build_warmup(
         plan, target_acceptance_rate=target_acceptance_rate, warmup_integration_time=warmup_integration_time,
-        warmup_max_steps=min(num_steps_cap, WARMUP_MAX_STEPS), auto_dense=isinstance(dense_mass, str),
+        warmup_max_steps=min(num_steps_cap, WARMUP_MAX_STEPS), recipe=recipe,
         use_center=use_center, restart_lost_chains=restart_lost_chains, compare_chains=chain_data is None,
         auto_box=auto_box, user_num_steps=num_steps_bounds is not None, step_size_factors=factors,
         max_integration_time=max_integration_time, num_steps_cap=num_steps_cap,
@@ -438,8 +440,9 @@ def _tuner_prior(tuner, warm_start, max_weight):
     return tuner.prefill(arms, rewards, weights, start_arm=start_arm)
 
 
-def _warm_metric(warm_start, inverse_mass_matrix, dense_mass, initial_step_size):
-    """``(inverse_mass_matrix, dense_mass, initial_step_size)``: the warm start's where the user gave none."""
+def _warm_metric(warm_start, inverse_mass_matrix, dense_mass, initial_step_size, follow_snapshot=True):
+    """``(inverse_mass_matrix, dense_mass, initial_step_size)``: the warm start's where the user gave none
+    (``follow_snapshot``: the snapshot's matrix sets ``dense_mass``; a ``metric_recipe`` sets it otherwise)."""
     if warm_start is None:
         return inverse_mass_matrix, dense_mass, initial_step_size
     if not hasattr(warm_start, "inverse_mass_matrix") or not hasattr(warm_start, "gp_arms"):
@@ -447,7 +450,7 @@ def _warm_metric(warm_start, inverse_mass_matrix, dense_mass, initial_step_size)
                          f"got {type(warm_start).__name__}.")
     if inverse_mass_matrix is None:
         inverse_mass_matrix = warm_start.inverse_mass_matrix
-        if dense_mass != "auto":
+        if dense_mass != "auto" and follow_snapshot:
             dense_mass = inverse_mass_matrix.ndim == 2
     return inverse_mass_matrix, dense_mass, warm_start.step_size if initial_step_size is None else initial_step_size
 
@@ -566,7 +569,7 @@ def _init(parts: _Parts, positions, rng_key=None) -> EngineState:
     return EngineState(
         position=positions, logdensity=logdensity, logdensity_grad=grad, iteration=jnp.asarray(0, jnp.int32),
         tuner=tuner_state, round_stats=parts.rounds.fresh(num_chains, dtype), inverse_mass_matrix=imm, box=box,
-        step_size_adaptation=warmup.step_size_state(eps0), mass_matrix_adaptation=warmup.mass_matrix_state(dim, dtype, dense),
+        step_size_adaptation=warmup.step_size_state(eps0), mass_matrix_adaptation=warmup.mass_matrix_state(dim, dtype, dense, num_chains),
         adapt_probability=jnp.asarray(1.0, dtype), window=warmup.window_state(num_chains, dtype),
         whitening=inverse_cholesky(imm) if dense else None, **_round_buffers(parts, positions, tuner_state, box, rng_key))
 

@@ -246,6 +246,10 @@ def validate_rmhmc_options(options: dict) -> None:
             f"dense_mass={options['dense_mass']!r} does not apply to RMHMC: the metric G(x) replaces the mass "
             "matrix. Pass metric=constant_metric(G) for a fixed dense metric, or use AdaptiveHMC(dense_mass=True)."
         )
+    if options.get("metric_recipe") is not None:
+        raise ValueError(
+            f"metric_recipe={options['metric_recipe']!r} does not apply to RMHMC: the metric G(x) replaces the "
+            "estimated mass matrix. Drop metric_recipe, or use AdaptiveHMC(metric_recipe=...).")
     if options.get("inverse_mass_matrix") is not None:
         raise ValueError(
             "inverse_mass_matrix does not apply to RMHMC; pass metric=constant_metric(G) for a fixed dense "

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
+from blackjax.adaptation.metric_recipes import REGISTRY
 from blackjax.adaptation.step_size import dual_averaging_adaptation
 
 from ahmc.core.mass_matrix import prefers_dense, shrink_correlations
@@ -217,7 +217,7 @@ class WarmupState(NamedTuple):
 class Warmup(NamedTuple):
     """The warm-up adaptation (:func:`build_warmup`).
 
-    ``step_size_state(eps)``, ``mass_matrix_state(dim, dtype, dense)`` and ``window_state(C, dtype)``: initial
+    ``step_size_state(eps)``, ``mass_matrix_state(dim, dtype, dense, num_chains)`` and ``window_state(C, dtype)``: initial
     states; ``parameters(state)``: ``(step size, L, early)`` of a metric-phase iteration;
     ``update(rng_key, state, new, acceptance, early) -> (new, WarmupState, restarted, flat)``: after the
     chains' transition (``new``: their ``HMCState``), restarts lost chains, advances the adapters and, at
@@ -237,52 +237,114 @@ def _is_dense(matrix) -> bool:
     return matrix.ndim == 2
 
 
-def _as_dtype(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+def _fixed_dtypes(tree, dtype):
+    """Floats in ``dtype``, integers (BlackJAX's counters, some Python ints) in JAX's default integer type
+    (BlackJAX indexes with them next to literals): scan carries and cond branches then agree."""
+    int_dtype = jnp.asarray(0).dtype
+
+    def fix(x):
+        x = jnp.asarray(x)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return x.astype(dtype)
+        return x.astype(int_dtype) if jnp.issubdtype(x.dtype, jnp.integer) else x
+    return jax.tree.map(fix, tree)
 
 
-def _fixed_int(s):
-    """BlackJAX's Welford state with an int32 sample count, so that scan carries and cond branches agree."""
-    wc = s.wc_state
-    return type(s)(s.inverse_mass_matrix, type(wc)(wc.mean, wc.m2, jnp.asarray(wc.sample_size, jnp.int32)))
+#: Rows of the low-rank estimator's draw buffer at most (pooled over chains; the latest draws are kept).
+LOW_RANK_MAX_BUFFER = 2048
 
 
-def _build_metric(plan: WarmupPlan, *, use_center: bool, auto_dense: bool, step_size_state: Callable):
-    """``(mass_matrix_state, adapt_metric)``: the pooled Welford estimator (BlackJAX's, diagonal or dense) in
-    Stan's windows; a window's end restarts the dual averaging with ``step_size_state``."""
-    # Both estimators: with dense_mass="auto" the state's shape (set by init) picks one.
-    mm = {dense: mass_matrix_adaptation(is_diagonal_matrix=not dense) for dense in (False, True)}
+def _longest_window(plan: WarmupPlan) -> int:
+    """The most slow-window iterations between two window ends (the low-rank buffer's length per chain)."""
+    longest = run = 0
+    for slow, end in zip(plan.is_slow, plan.is_window_end):
+        run = run + 1 if slow else run
+        longest = max(longest, run)
+        run = 0 if end else run
+    return max(longest, 1)
+
+
+def _recipe_cores(recipe: str) -> dict:
+    """``{dense: MetricCore}``: BlackJAX's estimator(s) for ``recipe``; ``"auto"`` holds both Welford ones
+    and the state's shape picks one.  The low-rank core's buffer length is set by its state (init)."""
+    if recipe == "auto":
+        return {False: REGISTRY["welford_diag"].build_core(), True: REGISTRY["welford_dense"].build_core()}
+    built = REGISTRY[recipe].build_core(buffer_size=1) if recipe == "fisher_low_rank" else REGISTRY[recipe].build_core()
+    return {recipe in ("welford_dense", "fisher_low_rank"): built}
+
+
+def _low_rank_as_dense(low_rank):
+    """``diag(sigma) (I + U (diag(lam) - I) U^T) diag(sigma)``, the low-rank inverse mass matrix as a ``(d, d)``
+    matrix: the engine's dense path (one Cholesky factor per window, BlackJAX's dense metric) runs it."""
+    sigma, U, lam = low_rank
+    body = jnp.eye(sigma.shape[0], dtype=sigma.dtype) + (U * (lam - 1.0)) @ U.T
+    matrix = sigma[:, None] * body * sigma[None, :]
+    return 0.5 * (matrix + matrix.T)
+
+
+def _window_mean(mm_state):
+    """The estimator's mean of the window's draws (the ``esjd_moments`` reward's center)."""
+    if hasattr(mm_state, "wc_state"):
+        return mm_state.wc_state.mean
+    if hasattr(mm_state, "fisher_block"):
+        return mm_state.fisher_block.mean_x
+    rows = jnp.minimum(mm_state.buffer_idx, mm_state.draws_buffer.shape[0])
+    valid = jnp.arange(mm_state.draws_buffer.shape[0]) < rows
+    total = jnp.sum(jnp.where(valid[:, None], mm_state.draws_buffer, 0.0), axis=0)
+    return total / jnp.maximum(rows, 1).astype(total.dtype)
+
+
+def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_state: Callable):
+    """``(mass_matrix_state, adapt_metric)``: BlackJAX's estimator for ``recipe`` (its ``metric_recipes``),
+    pooled over chains, in Stan's windows; a window's end restarts the dual averaging with ``step_size_state``."""
+    cores = _recipe_cores(recipe)
+    low_rank, auto_dense = recipe == "fisher_low_rank", recipe == "auto"
     is_slow, is_window_end = jnp.asarray(plan.is_slow), jnp.asarray(plan.is_window_end)
+    buffer_per_chain = _longest_window(plan)
 
-    def mass_matrix_state(dim, dtype, dense):
-        return _as_dtype(_fixed_int(mm[dense][0](dim)), dtype)
+    def core_of(mm_state):
+        return cores[True] if low_rank else cores[_is_dense(mm_state.inverse_mass_matrix)]
+
+    def mass_matrix_state(dim, dtype, dense, num_chains=1):
+        if low_rank:
+            rows = min(buffer_per_chain * num_chains, LOW_RANK_MAX_BUFFER)
+            return _fixed_dtypes(REGISTRY[recipe].build_core(buffer_size=rows).init(dim), dtype)
+        return _fixed_dtypes(cores[dense].init(dim), dtype)
 
     def close_window(operand):
-        """A mass-matrix window's end: its estimate (shrunk if dense), the dual averaging restarted."""
+        """A mass-matrix window's end: its estimate (shrunk if dense Welford), the dual averaging restarted."""
         mm_state, imm, da_state, _ = operand
         dtype = imm.dtype
-        window_mean = mm_state.wc_state.mean.astype(dtype) if use_center else None
-        num_draws = mm_state.wc_state.sample_size
-        mm_state = _as_dtype(_fixed_int(mm[_is_dense(mm_state.inverse_mass_matrix)][2](mm_state)), dtype)
-        if _is_dense(imm):  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
+        window_mean = _window_mean(mm_state).astype(dtype) if use_center else None
+        num_draws = mm_state.wc_state.sample_size if hasattr(mm_state, "wc_state") else None
+        mm_state = _fixed_dtypes(core_of(mm_state).final(mm_state), dtype)
+        if low_rank:  # in float32 the estimate can come out indefinite (BlackJAX's note): its diagonal then
+            dense = _low_rank_as_dense(mm_state.inverse_mass_matrix)
+            positive = jnp.all(jnp.isfinite(jnp.linalg.cholesky(dense)))
+            new_imm = jnp.where(positive, dense, jnp.diag(mm_state.inverse_mass_matrix.sigma ** 2))
+        elif _is_dense(imm):  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
             raw = mm_state.inverse_mass_matrix
             covariance = shrink_correlations(raw, num_draws, jnp)
             if auto_dense:  # correlations no stronger than their noise: the diagonal does better
                 covariance = jnp.where(prefers_dense(raw, num_draws, xp=jnp), covariance,
                                        jnp.diag(jnp.diag(covariance)))
             mm_state = mm_state._replace(inverse_mass_matrix=covariance)
+            new_imm = covariance
+        else:
+            new_imm = mm_state.inverse_mass_matrix
         restart = step_size_state(jnp.exp(da_state.log_step_size))
-        return mm_state, mm_state.inverse_mass_matrix.astype(dtype), restart, window_mean
+        return mm_state, new_imm.astype(dtype), restart, window_mean
 
-    def adapt_metric(state, flat_new, da_state, in_metric_phase, phase_it):
-        """The pooled Welford estimator takes the chains' positions in a slow window and closes at its end."""
+    def adapt_metric(state, flat_new, flat_grad, da_state, in_metric_phase, phase_it):
+        """The pooled estimator takes the chains' positions (and gradients) in a slow window and closes at its end."""
         dense = _is_dense(state.inverse_mass_matrix)
 
-        def pool_positions(mm_state):
-            return jax.lax.scan(lambda s, x: (mm[_is_dense(s.inverse_mass_matrix)][1](s, x), None), mm_state,
-                                flat_new)[0]
+        def pool_draws(mm_state):
+            def one(s, xg):
+                return _fixed_dtypes(core_of(s).update(s, *xg), flat_new.dtype), None
+            return jax.lax.scan(one, mm_state, (flat_new, flat_grad))[0]
 
-        mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_positions, lambda s: s,
+        mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_draws, lambda s: s,
                                 state.mass_matrix_adaptation)
         window_end = in_metric_phase & is_window_end[phase_it]
         mm_state, imm, da_state, center = jax.lax.cond(
@@ -294,7 +356,7 @@ def _build_metric(plan: WarmupPlan, *, use_center: bool, auto_dense: bool, step_
 
 
 def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_integration_time: float,
-                 warmup_max_steps: int, auto_dense: bool, use_center: bool, restart_lost_chains: bool,
+                 warmup_max_steps: int, recipe: str, use_center: bool, restart_lost_chains: bool,
                  compare_chains: bool, auto_box: bool, user_num_steps: bool, step_size_factors: tuple,
                  max_integration_time: float, num_steps_cap: int, box_max_steps: int | None) -> Warmup:
     """The warm-up adaptation for ``plan`` (BlackJAX's dual averaging and Welford estimators, pooled over chains).
@@ -313,7 +375,7 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         s = da_init_raw(eps)
         return type(s)(*(jnp.asarray(v, jnp.int32 if i == 2 else eps.dtype) for i, v in enumerate(s)))
 
-    mass_matrix_state, adapt_metric = _build_metric(plan, use_center=use_center, auto_dense=auto_dense,
+    mass_matrix_state, adapt_metric = _build_metric(plan, recipe=recipe, use_center=use_center,
                                                     step_size_state=step_size_state)
 
     def window_state(num_chains, dtype):
@@ -384,8 +446,9 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         # after warm-up the window is read by nothing: it stays as warm-up left it (as the sampling phase does)
         window = jax.tree.map(lambda w, old: jnp.where(it < plan.num_warmup, w, old), window, state.window)
         flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
-        mm_state, imm, da_state, center, whitening = adapt_metric(state, flat_new, da_state, in_metric_phase,
-                                                                  phase_it)
+        flat_grad = jax.vmap(lambda g: ravel_pytree(g)[0])(new.logdensity_grad)
+        mm_state, imm, da_state, center, whitening = adapt_metric(state, flat_new, flat_grad, da_state,
+                                                                  in_metric_phase, phase_it)
         box = search_box(state, da_state)
         return new, WarmupState(da_state, mm_state, imm, whitening, center, box, window), lost, flat_new
 

@@ -343,6 +343,10 @@ def check_chain_batch(logdensity_fn, positions, name: str, num_chains: int | Non
     the whole of ``positions`` as one position (returns a scalar), the reading is ambiguous and this
     raises with both fixes (for a bare array only: a pytree of ``(n,)`` leaves is ``n`` chains of scalar
     sites, as NumPyro's ``initialize_model`` gives them)."""
+    if not callable(logdensity_fn):
+        raise TypeError(f"{name}: logdensity_fn must be a callable position -> log density; got "
+                        f"{type(logdensity_fn).__name__}. The arguments are (rng_key, logdensity_fn, positions, ...), "
+                        "the key first as in BlackJAX.")
     leaves = jax.tree.leaves(positions)
     if not leaves:
         raise ValueError(f"{name}: positions is an empty pytree; give each chain's starting position, "

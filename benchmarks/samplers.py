@@ -911,6 +911,11 @@ BY_NAME_SAMPLERS: dict[str, Runner] = {
     "ahmc_pymc_auto": _with_defaults(run_ahmc_pymc, "dense_mass='auto'", dense_mass="auto"),
     "ahmc_pymc_pooled": _with_defaults(run_ahmc_pymc, "one tuner for all chains, stepped in one process",
                                        pooled=True),
+    # the metric phase's other estimators (BlackJAX's metric_recipes): docs/decisions.md, "The mass-matrix estimator"
+    "ahmc_numpyro_fisher_diag": _with_defaults(run_ahmc_numpyro, "nutpie's Fisher diagonal",
+                                               metric_recipe="fisher_diag"),
+    "ahmc_numpyro_low_rank": _with_defaults(run_ahmc_numpyro, "nutpie's Fisher low-rank matrix",
+                                            metric_recipe="fisher_low_rank"),
 }
 
 # name -> runner; every runner has the signature described in the module docstring.

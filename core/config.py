@@ -30,6 +30,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .mass_matrix import resolve_metric_recipe
 from .objectives import DEFAULT_DIVERGENCE_PENALTY, OBJECTIVES
 from .options import check_option_names, whole_number_pair
 from .space import NUM_STEPS_CAP
@@ -180,6 +181,11 @@ class WarmupConfig:
                                             "or the one given).")
     dense_mass: bool | str = _option(False, "`True`: a dense mass matrix; `\"auto\"`: dense where the warm-up's "
                                             "correlations stand out from their noise, diagonal above d = 200.")
+    metric_recipe: str | None = _option(
+        None, "The mass-matrix estimator, by its name in BlackJAX's `metric_recipes`: `\"welford_diag\"` (Stan's), "
+              "`\"welford_dense\"`, `\"fisher_diag\"` or `\"fisher_low_rank\"` (nutpie's, from draws and "
+              "gradients; the low-rank one is carried as a dense matrix). `None`: Welford, as `dense_mass` says. "
+              "JAX routes.")
     target_acceptance_rate: float = _option(0.8, "Dual averaging's target in the metric phase.")
     initial_step_size: float | None = _option(None, "First step size of dual averaging. `None`: 1.0 (PyMC: its "
                                                     "own `step_scale / d^(1/4)`).")
@@ -198,6 +204,7 @@ class WarmupConfig:
         if self.dense_mass not in (False, True, "auto") or (isinstance(self.dense_mass, str) and self.dense_mass != "auto"):
             raise ValueError(f"dense_mass must be True, False or 'auto' (one matrix over all parameters); got "
                              f"{self.dense_mass!r}.")
+        resolve_metric_recipe(self.metric_recipe, self.dense_mass)
         if not (isinstance(self.target_acceptance_rate, numbers.Real) and 0 < self.target_acceptance_rate < 1):
             raise ValueError(f"target_acceptance_rate must be in (0, 1); got {self.target_acceptance_rate!r}.")
         _positive("initial_step_size", self.initial_step_size, allow_none=True)

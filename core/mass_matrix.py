@@ -28,8 +28,13 @@ import math
 
 import numpy as np
 
-__all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "correlation_excess", "prefers_dense",
-           "shrink_correlations"]
+__all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "METRIC_RECIPES", "correlation_excess", "prefers_dense",
+           "resolve_metric_recipe", "shrink_correlations"]
+
+#: The mass-matrix estimators the metric phase can run, by their names in BlackJAX 1.7's
+#: ``blackjax.adaptation.metric_recipes``: Stan's Welford diagonal and dense covariance, and nutpie's
+#: Fisher-divergence diagonal and low-rank estimates (Seyboldt et al. 2026), which use the gradients too.
+METRIC_RECIPES = ("welford_diag", "welford_dense", "fisher_diag", "fisher_low_rank")
 
 #: ``dense_mass="auto"`` keeps the dense estimate when :func:`correlation_excess` is at least this.
 #: On 15 benchmark models (d = 2-31, 800 pooled draws; docs/decisions.md, "dense_mass='auto'") the
@@ -81,3 +86,25 @@ def prefers_dense(covariance, num_draws, threshold=DENSE_AUTO_THRESHOLD, xp=np):
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
         raise ValueError(f"threshold must be a finite number > 0; got {threshold!r}.")
     return correlation_excess(covariance, num_draws, xp) >= threshold
+
+
+def resolve_metric_recipe(metric_recipe, dense_mass):
+    """``(recipe, dense_state)``: the estimator the metric phase runs and the matrix's form.
+
+    ``recipe`` is one of :data:`METRIC_RECIPES` or ``"auto"`` (Welford, dense where the correlations
+    stand out: ``dense_mass="auto"``); ``dense_state`` is ``dense_mass``'s value for the inverse
+    mass matrix's shape (``True``: ``(d, d)``).  ``metric_recipe=None`` follows ``dense_mass``.
+    ``"fisher_low_rank"`` is carried as a ``(d, d)`` matrix, so its leapfrog costs a dense one's.
+    """
+    if metric_recipe is None:
+        if isinstance(dense_mass, str):
+            return "auto", dense_mass
+        return ("welford_dense" if dense_mass else "welford_diag"), bool(dense_mass)
+    if metric_recipe not in METRIC_RECIPES:
+        raise ValueError(f"metric_recipe must be one of {', '.join(map(repr, METRIC_RECIPES))} or None; "
+                         f"got {metric_recipe!r}.")
+    dense = metric_recipe in ("welford_dense", "fisher_low_rank")
+    if dense_mass not in (False, dense):
+        raise ValueError(f"metric_recipe={metric_recipe!r} sets the matrix's form itself; dense_mass={dense_mass!r} "
+                         "contradicts it. Give one of the two (dense_mass=True is metric_recipe='welford_dense').")
+    return metric_recipe, dense

@@ -689,7 +689,11 @@ def test_seed_spread_passes_options_through_and_divides_by_the_baseline_of_each_
         calls.append(argv)
         seed = int(argv[argv.index("--seed") + 1])
         return {"environment": {"cpu_model": "cpu", "nproc": 2},
-                "runs": [{"model": "m", "sampler": s, "status": "ok", "metrics": {"ess_per_grad": {"min": v}}}
+                "runs": [{"model": "m", "sampler": s, "status": "ok", "timing": {"compile_s": 1.0, "warmup_s": 1.0,
+                                                                                  "sampling_s": 1.0},
+                          # strict ESS: the squares' 1000 v below the means' 2000 v; 1000 gradients in all
+                          "metrics": {"ess_bulk": {"min": 2000 * v}, "ess_bulk_squares": {"min": 1000 * v},
+                                      "grads": {"warmup": 400, "sampling": 600}}}
                          for s, v in values[seed].items()]}
 
     monkeypatch.setattr(seeds.bench, "main", fake_main)
@@ -700,7 +704,9 @@ def test_seed_spread_passes_options_through_and_divides_by_the_baseline_of_each_
     row = summary["table"]["m"]["ahmc"]
     assert row["ratio_to_baseline"] == pytest.approx([2.0, 1.5])
     assert row["ratio_mean"] == pytest.approx(1.75) and row["ratio_min"] == pytest.approx(1.5)
-    assert "1.75 (1.50-2.00)" in (tmp_path / "s.md").read_text()
+    assert row["min_ess_per_grad"] == pytest.approx([0.2, 0.3])  # strict ESS (200, 300) over 1000 gradients
+    text = (tmp_path / "s.md").read_text()
+    assert "1.75 (1.50-2.00)" in text and "Strict ESS per gradient" in text
 
 
 def test_seed_spread_against_the_best_of_several_baselines_per_seed_and_per_second(monkeypatch, tmp_path):
@@ -720,7 +726,8 @@ def test_seed_spread_against_the_best_of_several_baselines_per_seed_and_per_seco
 
     monkeypatch.setattr(seeds.bench, "main", fake_main)
     summary = seeds.main(["--models", "m", "--samplers", "ahmc,nuts1,nuts2", "--baseline", "nuts1,nuts2",
-                          "--per-second-baseline", "nuts1", "--seeds", "0,1", "--output", str(tmp_path / "s.json")])
+                          "--per-second-baseline", "nuts1", "--seeds", "0,1", "--metric", "means",
+                          "--output", str(tmp_path / "s.json")])
     assert summary["table"]["m"]["ahmc"]["ratio_to_baseline"] == pytest.approx([1.5, 1.0])
     assert summary["per_second_table"]["m"]["ahmc"]["ratio_to_baseline"] == pytest.approx([2.0, 4.0])
     text = (tmp_path / "s.md").read_text()

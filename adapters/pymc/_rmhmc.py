@@ -364,7 +364,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
             raise ValueError(f"AdaptiveRMHMC measures each jump in its metric G(x) and takes jump_estimate="
                              f"'transition' only (a constant_metric runs AdaptiveHMC's estimates); "
                              f"got {kwargs['jump_estimate']!r}.")
-        for name in ("potential", "scaling", "adapt_mass_matrix", "dense_mass"):
+        for name in ("potential", "scaling", "adapt_mass_matrix", "dense_mass", "metric_recipe"):
             if name in kwargs:
                 raise ValueError(f"AdaptiveRMHMC takes no {name}: the metric G(x) replaces the mass matrix. Give "
                                  f"metric=constant_metric(M) for a fixed mass matrix M, or use AdaptiveHMC.")

@@ -50,7 +50,7 @@ from ahmc.core.options import check_option_names, whole_number_pair  # noqa: E40
 from ahmc.core.objectives import (DEFAULT_DIVERGENCE_PENALTY, NONFINITE_REWARD_MESSAGE, get_objective,
                                   needs_center, round_arrays, round_init, round_update, step_jumps_estimate,
                                   step_jumps_init, step_jumps_update)
-from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense, shrink_correlations
+from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense, resolve_metric_recipe, shrink_correlations
 from ahmc.core.space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, check_min_steps_fraction,
                              min_num_steps)
 from ahmc.core.tuner import adapt_probability
@@ -308,6 +308,15 @@ def _pymc_tuning(tuning: dict, kwargs: dict, owner: str) -> tuple:
     for name, why in _JAX_ONLY.items():
         if name in tuning:
             raise ValueError(f"{owner}: {name} is not available in PyMC ({why}).")
+    recipe = tuning.pop("metric_recipe", None)
+    if recipe is not None:
+        _, dense = resolve_metric_recipe(recipe, tuning.get("dense_mass", False))
+        if recipe.startswith("fisher"):
+            raise ValueError(
+                f"{owner}: metric_recipe={recipe!r} runs in the JAX routes only (BlackJAX's estimator, from draws and "
+                "gradients); the PyMC step estimates a Welford matrix. Use ahmc.adapters.pymc.sample_numpyro_ahmc("
+                f"metric_recipe={recipe!r}) for this model, or metric_recipe='welford_diag' / 'welford_dense' here.")
+        tuning["dense_mass"] = dense
     if "target_acceptance_rate" in tuning:
         if "target_accept" in kwargs:
             raise ValueError(f"{owner}: give target_accept (PyMC's name) or target_acceptance_rate, not both.")

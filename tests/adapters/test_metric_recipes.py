@@ -1,0 +1,122 @@
+"""The metric phase's mass-matrix estimators (``metric_recipe``: BlackJAX's ``metric_recipes``).
+
+Each recipe must leave the draws exact (moments within Monte Carlo error), estimate what it claims
+(the Fisher diagonal the scales, the low-rank matrix a strong correlation), and refuse what it cannot do
+before anything compiles.
+"""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+from ahmc.adapters.blackjax import gpucb_adaptation, run_chains, uniform_steps_hmc  # noqa: E402
+
+from ..reference import assert_moments_match  # noqa: E402
+
+SCALES = np.array([0.05, 0.3, 1.0, 3.0, 10.0, 1.0])
+RHO = 0.95  # coordinates 2 and 5: correlated
+
+
+def _covariance():
+    cov = np.diag(SCALES**2)
+    cov[2, 5] = cov[5, 2] = RHO * SCALES[2] * SCALES[5]
+    return cov
+
+
+PRECISION = np.linalg.inv(_covariance())
+
+
+def logdensity(x):
+    return -0.5 * x @ jnp.asarray(PRECISION, x.dtype) @ x
+
+
+@pytest.mark.parametrize("recipe", ["fisher_diag", "fisher_low_rank", "welford_dense"])
+def test_recipe_draws_match_the_target(recipe):
+    samples, info, state = run_chains(jax.random.key(3), logdensity, jnp.full((4, 6), 0.5), num_warmup=600,
+                                      num_samples=1000, metric_recipe=recipe, return_state=True)
+    assert_moments_match(np.asarray(samples), np.zeros(6), SCALES)
+    imm = np.asarray(state.inverse_mass_matrix)
+    assert imm.shape == ((6,) if recipe == "fisher_diag" else (6, 6))
+    assert np.all(np.isfinite(imm))
+
+
+def test_fisher_diagonal_estimates_the_scales():
+    # On independent Gaussian coordinates the Fisher diagonal sqrt(Var x / Var grad) is the variance itself.
+    _, _, state = run_chains(jax.random.key(0), lambda x: -0.5 * jnp.sum((x / SCALES[:5]) ** 2),
+                             jnp.full((4, 5), 0.5), num_warmup=600, num_samples=10, metric_recipe="fisher_diag",
+                             return_state=True)
+    ratio = np.asarray(state.inverse_mass_matrix) / SCALES[:5] ** 2
+    assert np.all((ratio > 0.6) & (ratio < 1.6)), ratio
+
+
+def test_low_rank_metric_finds_the_correlation():
+    _, _, state = run_chains(jax.random.key(1), logdensity, jnp.full((4, 6), 0.5), num_warmup=600, num_samples=10,
+                             metric_recipe="fisher_low_rank", return_state=True)
+    imm = np.asarray(state.inverse_mass_matrix)
+    correlation = imm[2, 5] / np.sqrt(imm[2, 2] * imm[5, 5])
+    assert correlation > 0.8, correlation  # a diagonal estimate would give 0
+    np.testing.assert_allclose(np.diag(imm)[[0, 1, 3, 4]] / SCALES[[0, 1, 3, 4]] ** 2, 1.0, rtol=0.5)
+
+
+def test_welford_diag_is_the_default():
+    def run(**options):
+        return np.asarray(run_chains(jax.random.key(2), logdensity, jnp.full((2, 6), 0.5), num_warmup=200,
+                                     num_samples=20, **options)[0])
+
+    np.testing.assert_array_equal(run(), run(metric_recipe="welford_diag"))
+
+
+def test_adaptation_then_plain_blackjax_loop_with_low_rank():
+    """BlackJAX's usage: the adaptation's parameters (a dense matrix from the low-rank estimate) drive
+    uniform_steps_hmc's one-chain kernel, jax.vmap-ed over chains."""
+    adaptation = gpucb_adaptation(logdensity, metric_recipe="fisher_low_rank")
+    (state, parameters), _ = adaptation.run(jax.random.key(4), jnp.full((4, 6), 0.5), num_steps=600)
+    assert np.asarray(parameters["inverse_mass_matrix"]).shape == (6, 6)
+    step = jax.jit(jax.vmap(uniform_steps_hmc(logdensity, **parameters).step))
+
+    def one_step(state, key):
+        state, _ = step(jax.random.split(key, 4), state)
+        return state, state.position
+
+    _, draws = jax.lax.scan(one_step, state, jax.random.split(jax.random.key(6), 1000))
+    assert_moments_match(np.swapaxes(np.asarray(draws), 0, 1), np.zeros(6), SCALES)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"metric_recipe": "fisher"}, ["metric_recipe", "'fisher_diag'", "'fisher_low_rank'"]),
+    ({"metric_recipe": "fisher_diag", "dense_mass": True}, ["metric_recipe='fisher_diag'", "dense_mass=True"]),
+    ({"metric_recipe": "welford_diag", "dense_mass": "auto"}, ["dense_mass='auto'"]),
+])
+def test_bad_recipe_is_refused_before_compiling(options, words):
+    with pytest.raises(ValueError) as error:
+        run_chains(jax.random.key(0), logdensity, jnp.zeros((2, 6)), num_warmup=10, num_samples=10, **options)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_numpyro_kernel_state_holds_the_recipe_matrix():
+    numpyro = pytest.importorskip("numpyro")
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveHMC
+
+    def model():
+        numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(6), jnp.asarray(_covariance(), jnp.float32)))
+
+    mcmc = MCMC(AdaptiveHMC(model, metric_recipe="fisher_low_rank"), num_warmup=600, num_samples=1000,
+                num_chains=4, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(5))
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
+    assert_moments_match(draws, np.zeros(6), SCALES)
+    imm = np.asarray(mcmc.last_state.engine.inverse_mass_matrix)
+    assert imm.shape[-2:] == (6, 6)
+
+
+def test_rmhmc_refuses_a_recipe():
+    from ahmc.adapters.blackjax import adaptive_rmhmc
+
+    with pytest.raises(ValueError, match="metric_recipe='fisher_diag' does not apply to RMHMC"):
+        adaptive_rmhmc(logdensity, num_warmup=100, metric_recipe="fisher_diag")
