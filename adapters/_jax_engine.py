@@ -334,6 +334,8 @@ def build_engine(
     ``warm_start``: a checked :class:`ahmc.core.snapshot.TuningSnapshot` (``ahmc.adapters._jax_snapshot``):
     its metric and step size start the warm-up and its GP evidence the tuner.
     """
+    if metric_recipe is None and not dense_mass and not adapt_mass_matrix:
+        metric_recipe = "welford_diag"  # nothing is estimated: the fixed matrix stays diagonal
     recipe, dense_mass = resolve_metric_recipe(metric_recipe, dense_mass)
     inverse_mass_matrix, dense_mass, initial_step_size = _warm_metric(
         warm_start, inverse_mass_matrix, dense_mass, initial_step_size, follow_snapshot=metric_recipe is None)

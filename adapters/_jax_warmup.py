@@ -151,12 +151,19 @@ def _warn_if_lost(operand, compare_chains=True):
     jax.debug.callback(_warn_host, lost, window.acceptance / count, window.logdensity / count, now, step_size)
 
 
-#: A warm-up step size (in the mass matrix's units) beyond this, or not finite, means the log density is flat
+def _step_in_parameter_units(da_state, inverse_mass_matrix):
+    """The dual-averaging step size times the mass matrix's largest scale: what grows without bound on a flat
+    direction, whether the step size or the (Fisher) matrix takes the growth."""
+    variances = jnp.diag(inverse_mass_matrix) if inverse_mass_matrix.ndim == 2 else inverse_mass_matrix
+    return jnp.exp(da_state.log_step_size) * jnp.sqrt(jnp.max(variances))
+
+
+#: A warm-up step size (in the parameters' units) beyond this, or not finite, means the log density is flat
 #: along some direction at every scale the search tried: an improper posterior.
 FLAT_STEP_SIZE = 1e10
 
 IMPROPER_MESSAGE = (
-    "ahmc: the warm-up's step size grew to {eps:.3g}: the log density is flat along some direction at every "
+    "ahmc: the warm-up's step size (in the parameters' units) grew to {eps:.3g}: the log density is flat along some direction at every "
     "scale tried, as in an improper posterior (a flat prior that no likelihood term bounds). The draws then keep "
     "growing without bound, or cannot move once the step overflows, and represent no posterior. Give every "
     "parameter a proper prior, or check that the data enter the likelihood.")
@@ -269,6 +276,8 @@ def _recipe_cores(recipe: str) -> dict:
     and the state's shape picks one.  The low-rank core's buffer length is set by its state (init)."""
     if recipe == "auto":
         return {False: REGISTRY["welford_diag"].build_core(), True: REGISTRY["welford_dense"].build_core()}
+    if recipe == "default":  # low-rank where the matrix is (d, d) (d <= DENSE_AUTO_MAX_DIM), Welford's diagonal above
+        return {False: REGISTRY["welford_diag"].build_core(), True: _recipe_cores("fisher_low_rank")[True]}
     built = REGISTRY[recipe].build_core(buffer_size=1) if recipe == "fisher_low_rank" else REGISTRY[recipe].build_core()
     return {recipe in ("welford_dense", "fisher_low_rank"): built}
 
@@ -282,15 +291,33 @@ def _low_rank_as_dense(low_rank):
     return 0.5 * (matrix + matrix.T)
 
 
+def _per_chain_buffers(low_rank_state, num_chains):
+    """BlackJAX's ``(chains x rows, d)`` draw and gradient buffers as ``(chains, rows, d)``."""
+    def split(buffer):
+        return buffer.reshape((num_chains, buffer.shape[0] // num_chains, buffer.shape[1]))
+    return low_rank_state._replace(draws_buffer=split(low_rank_state.draws_buffer),
+                                   grads_buffer=split(low_rank_state.grads_buffer))
+
+
+def _pooled_buffers(low_rank_state):
+    """The engine's ``(chains, rows, d)`` buffers as BlackJAX's ``(chains x rows, d)``: rows of every chain, in
+    any order (the estimate does not depend on it)."""
+    def join(buffer):
+        return buffer.reshape((-1, buffer.shape[-1]))
+    return low_rank_state._replace(draws_buffer=join(low_rank_state.draws_buffer),
+                                   grads_buffer=join(low_rank_state.grads_buffer))
+
+
 def _window_mean(mm_state):
     """The estimator's mean of the window's draws (the ``esjd_moments`` reward's center)."""
     if hasattr(mm_state, "wc_state"):
         return mm_state.wc_state.mean
     if hasattr(mm_state, "fisher_block"):
         return mm_state.fisher_block.mean_x
-    rows = jnp.minimum(mm_state.buffer_idx, mm_state.draws_buffer.shape[0])
-    valid = jnp.arange(mm_state.draws_buffer.shape[0]) < rows
-    total = jnp.sum(jnp.where(valid[:, None], mm_state.draws_buffer, 0.0), axis=0)
+    draws = _pooled_buffers(mm_state).draws_buffer
+    rows = jnp.minimum(mm_state.buffer_idx, draws.shape[0])
+    valid = jnp.arange(draws.shape[0]) < rows
+    total = jnp.sum(jnp.where(valid[:, None], draws, 0.0), axis=0)
     return total / jnp.maximum(rows, 1).astype(total.dtype)
 
 
@@ -298,18 +325,32 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
     """``(mass_matrix_state, adapt_metric)``: BlackJAX's estimator for ``recipe`` (its ``metric_recipes``),
     pooled over chains, in Stan's windows; a window's end restarts the dual averaging with ``step_size_state``."""
     cores = _recipe_cores(recipe)
-    low_rank, auto_dense = recipe == "fisher_low_rank", recipe == "auto"
+    auto_dense = recipe == "auto"
+    low_rank_recipe = recipe in ("fisher_low_rank", "default")
     is_slow, is_window_end = jnp.asarray(plan.is_slow), jnp.asarray(plan.is_window_end)
     buffer_per_chain = _longest_window(plan)
 
+    def is_low_rank(mm_state):  # static: the state's type says which estimator runs
+        return hasattr(mm_state, "draws_buffer")
+
     def core_of(mm_state):
-        return cores[True] if low_rank else cores[_is_dense(mm_state.inverse_mass_matrix)]
+        return cores[True] if is_low_rank(mm_state) else cores[_is_dense(mm_state.inverse_mass_matrix)]
 
     def mass_matrix_state(dim, dtype, dense, num_chains=1):
-        if low_rank:
-            rows = min(buffer_per_chain * num_chains, LOW_RANK_MAX_BUFFER)
-            return _fixed_dtypes(REGISTRY[recipe].build_core(buffer_size=rows).init(dim), dtype)
+        if low_rank_recipe and dense:
+            rows = max(min(buffer_per_chain, LOW_RANK_MAX_BUFFER // num_chains), 1)
+            core = REGISTRY["fisher_low_rank"].build_core(buffer_size=rows * num_chains)
+            return _per_chain_buffers(_fixed_dtypes(core.init(dim), dtype), num_chains)
         return _fixed_dtypes(cores[dense].init(dim), dtype)
+
+    def estimator_step(mm_state, step):
+        """``step`` (BlackJAX's update or final) on the estimator's state; a low-rank state's buffers are kept
+        ``(chains, rows, d)`` in the engine (a chain axis, which the one-chain BlackJAX kernel strips and
+        restores) and are BlackJAX's ``(chains x rows, d)`` for the step."""
+        if not is_low_rank(mm_state):
+            return step(mm_state)
+        num_chains = mm_state.draws_buffer.shape[0]
+        return _per_chain_buffers(step(_pooled_buffers(mm_state)), num_chains)
 
     def close_window(operand):
         """A mass-matrix window's end: its estimate (shrunk if dense Welford), the dual averaging restarted."""
@@ -317,11 +358,13 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
         dtype = imm.dtype
         window_mean = _window_mean(mm_state).astype(dtype) if use_center else None
         num_draws = mm_state.wc_state.sample_size if hasattr(mm_state, "wc_state") else None
-        mm_state = _fixed_dtypes(core_of(mm_state).final(mm_state), dtype)
-        if low_rank:  # in float32 the estimate can come out indefinite (BlackJAX's note): its diagonal then
+        mm_state = _fixed_dtypes(estimator_step(mm_state, core_of(mm_state).final), dtype)
+        if is_low_rank(mm_state):
+            # An estimate without a Cholesky factor (indefinite in float32, as BlackJAX notes; all zeros where the
+            # gradients vanish, as on a flat posterior) keeps the previous window's matrix.
             dense = _low_rank_as_dense(mm_state.inverse_mass_matrix)
-            positive = jnp.all(jnp.isfinite(jnp.linalg.cholesky(dense)))
-            new_imm = jnp.where(positive, dense, jnp.diag(mm_state.inverse_mass_matrix.sigma ** 2))
+            positive = jnp.all(jnp.isfinite(jnp.linalg.cholesky(dense))) & jnp.all(jnp.diag(dense) > 0)
+            new_imm = jnp.where(positive, dense, imm)
         elif _is_dense(imm):  # a short window's missed directions must not freeze (ahmc.core.mass_matrix)
             raw = mm_state.inverse_mass_matrix
             covariance = shrink_correlations(raw, num_draws, jnp)
@@ -341,7 +384,7 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
 
         def pool_draws(mm_state):
             def one(s, xg):
-                return _fixed_dtypes(core_of(s).update(s, *xg), flat_new.dtype), None
+                return _fixed_dtypes(estimator_step(s, lambda t: core_of(s).update(t, *xg)), flat_new.dtype), None
             return jax.lax.scan(one, mm_state, (flat_new, flat_grad))[0]
 
         mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_draws, lambda s: s,
@@ -440,7 +483,7 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         warmup_ends = it == plan.num_warmup - 1
         if plan.num_warmup > 0:
             jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains), lambda operand: None,
-                         (window, ld, warmup_ends, jnp.exp(da_state.log_step_size)))
+                         (window, ld, warmup_ends, _step_in_parameter_units(da_state, state.inverse_mass_matrix)))
         window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
                               window_state(window.logdensity.shape[0], dtype), window)
         # after warm-up the window is read by nothing: it stays as warm-up left it (as the sampling phase does)

@@ -916,6 +916,8 @@ BY_NAME_SAMPLERS: dict[str, Runner] = {
                                                metric_recipe="fisher_diag"),
     "ahmc_numpyro_low_rank": _with_defaults(run_ahmc_numpyro, "nutpie's Fisher low-rank matrix",
                                             metric_recipe="fisher_low_rank"),
+    "ahmc_numpyro_welford_diag": _with_defaults(run_ahmc_numpyro, "Stan's Welford diagonal (the default before "
+                                                "2026-12-03)", metric_recipe="welford_diag"),
 }
 
 # name -> runner; every runner has the signature described in the module docstring.

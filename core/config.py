@@ -184,8 +184,9 @@ class WarmupConfig:
     metric_recipe: str | None = _option(
         None, "The mass-matrix estimator, by its name in BlackJAX's `metric_recipes`: `\"welford_diag\"` (Stan's), "
               "`\"welford_dense\"`, `\"fisher_diag\"` or `\"fisher_low_rank\"` (nutpie's, from draws and "
-              "gradients; the low-rank one is carried as a dense matrix). `None`: Welford, as `dense_mass` says. "
-              "JAX routes.")
+              "gradients; carried as a dense matrix). `None`: `\"fisher_low_rank\"` up to d = 200 and "
+              "`\"welford_diag\"` above (JAX routes; the PyMC step: Welford), or Welford as `dense_mass` says "
+              "when it is given.")
     target_acceptance_rate: float = _option(0.8, "Dual averaging's target in the metric phase.")
     initial_step_size: float | None = _option(None, "First step size of dual averaging. `None`: 1.0 (PyMC: its "
                                                     "own `step_scale / d^(1/4)`).")

@@ -91,15 +91,18 @@ def prefers_dense(covariance, num_draws, threshold=DENSE_AUTO_THRESHOLD, xp=np):
 def resolve_metric_recipe(metric_recipe, dense_mass):
     """``(recipe, dense_state)``: the estimator the metric phase runs and the matrix's form.
 
-    ``recipe`` is one of :data:`METRIC_RECIPES` or ``"auto"`` (Welford, dense where the correlations
-    stand out: ``dense_mass="auto"``); ``dense_state`` is ``dense_mass``'s value for the inverse
-    mass matrix's shape (``True``: ``(d, d)``).  ``metric_recipe=None`` follows ``dense_mass``.
+    ``recipe`` is one of :data:`METRIC_RECIPES`, ``"auto"`` (Welford, dense where the correlations
+    stand out: ``dense_mass="auto"``) or ``"default"``: ``"fisher_low_rank"`` up to
+    :data:`DENSE_AUTO_MAX_DIM` dimensions and ``"welford_diag"`` above (the JAX routes' default,
+    ``metric_recipe=None`` with ``dense_mass=False``; docs/decisions.md, "The mass-matrix estimator").
+    ``dense_state`` is ``dense_mass``'s value for the inverse mass matrix's shape (``True``: ``(d, d)``;
+    ``"auto"``: chosen by the dimension, or by the shape of a given matrix).
     ``"fisher_low_rank"`` is carried as a ``(d, d)`` matrix, so its leapfrog costs a dense one's.
     """
     if metric_recipe is None:
         if isinstance(dense_mass, str):
             return "auto", dense_mass
-        return ("welford_dense" if dense_mass else "welford_diag"), bool(dense_mass)
+        return ("welford_dense", True) if dense_mass else ("default", "auto")
     if metric_recipe not in METRIC_RECIPES:
         raise ValueError(f"metric_recipe must be one of {', '.join(map(repr, METRIC_RECIPES))} or None; "
                          f"got {metric_recipe!r}.")

@@ -60,12 +60,20 @@ def test_low_rank_metric_finds_the_correlation():
     np.testing.assert_allclose(np.diag(imm)[[0, 1, 3, 4]] / SCALES[[0, 1, 3, 4]] ** 2, 1.0, rtol=0.5)
 
 
-def test_welford_diag_is_the_default():
-    def run(**options):
-        return np.asarray(run_chains(jax.random.key(2), logdensity, jnp.full((2, 6), 0.5), num_warmup=200,
-                                     num_samples=20, **options)[0])
+def test_the_default_is_low_rank_up_to_200_dimensions_and_welford_diagonal_above():
+    def run(dim, **options):
+        return run_chains(jax.random.key(2), lambda x: -0.5 * jnp.sum(x * x), jnp.full((2, dim), 0.5),
+                          num_warmup=200, num_samples=20, return_state=True, **options)
 
-    np.testing.assert_array_equal(run(), run(metric_recipe="welford_diag"))
+    small, _, state = run(6)
+    np.testing.assert_array_equal(np.asarray(small), np.asarray(run(6, metric_recipe="fisher_low_rank")[0]))
+    assert state.inverse_mass_matrix.shape == (6, 6)
+    big, _, state = run(201)
+    np.testing.assert_array_equal(np.asarray(big), np.asarray(run(201, metric_recipe="welford_diag")[0]))
+    assert state.inverse_mass_matrix.shape == (201,)
+    # a fixed matrix (nothing estimated) stays diagonal
+    _, _, state = run(6, adapt_mass_matrix=False, step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 10))
+    assert state.inverse_mass_matrix.shape == (6,)
 
 
 def test_adaptation_then_plain_blackjax_loop_with_low_rank():

@@ -74,7 +74,8 @@ def test_ebfmi_matches_nuts_on_a_gaussian(gaussian_run):
 
 def test_ebfmi_is_finite_on_a_funnel():
     values = ebfmi(run(AdaptiveHMC, funnel, warmup=500, samples=500))
-    assert np.all(np.isfinite(values)) and np.all((values > 0) & (values < 1.5)), values
+    # E-BFMI is E[(E_t - E_t-1)^2] / Var(E): 2 for independent energies, at most 4 (alternating ones)
+    assert np.all(np.isfinite(values)) and np.all((values > 0) & (values < 4.0)), values
 
 
 def test_no_latent_sites_is_said_in_the_users_terms():
