@@ -128,3 +128,24 @@ def test_rmhmc_refuses_a_recipe():
 
     with pytest.raises(ValueError, match="metric_recipe='fisher_diag' does not apply to RMHMC"):
         adaptive_rmhmc(logdensity, num_warmup=100, metric_recipe="fisher_diag")
+
+
+def test_one_chain_kernel_under_vmap_estimates_the_low_rank_matrix():
+    """BlackJAX's one-chain usage (init on one position, jax.vmap over chains): each chain's own low-rank
+    estimate must see its whole window of draws (the state's chain axis is stripped and restored per step)."""
+    from ahmc.adapters.blackjax import adaptive_hmc
+
+    scales = jnp.asarray(np.logspace(-1, 1, 6))
+    sampler = adaptive_hmc(lambda x: -0.5 * jnp.sum((x / scales) ** 2), num_warmup=300)
+    starts = scales * jax.random.normal(jax.random.key(9), (2, 6))
+    states = jax.vmap(sampler.init)(starts, jax.random.split(jax.random.key(7), 2))
+    step = jax.vmap(sampler.step)
+
+    def one_step(states, key):
+        return step(jax.random.split(key, 2), states)[0], None
+
+    states, _ = jax.lax.scan(one_step, states, jax.random.split(jax.random.key(8), 300))
+    imm = np.asarray(states.inverse_mass_matrix)
+    assert imm.shape == (2, 6, 6)
+    ratio = np.diagonal(imm, axis1=1, axis2=2) / np.asarray(scales) ** 2
+    assert np.all((ratio > 0.5) & (ratio < 2.0)), ratio
