@@ -334,11 +334,10 @@ def build_engine(
     ``warm_start``: a checked :class:`ahmc.core.snapshot.TuningSnapshot` (``ahmc.adapters._jax_snapshot``):
     its metric and step size start the warm-up and its GP evidence the tuner.
     """
-    if metric_recipe is None and not dense_mass and not adapt_mass_matrix:
-        metric_recipe = "welford_diag"  # nothing is estimated: the fixed matrix stays diagonal
-    recipe, dense_mass = resolve_metric_recipe(metric_recipe, dense_mass)
+    recipe, dense_mass = resolve_metric_recipe(metric_recipe, dense_mass, adapt_mass_matrix)
     inverse_mass_matrix, dense_mass, initial_step_size = _warm_metric(
-        warm_start, inverse_mass_matrix, dense_mass, initial_step_size, follow_snapshot=metric_recipe is None)
+        warm_start, inverse_mass_matrix, dense_mass, initial_step_size,
+        follow_snapshot=metric_recipe is None and (dense_mass or adapt_mass_matrix))
     checked = _check_options(
         logdensity_fn, num_warmup=num_warmup, step_size_bounds=step_size_bounds, num_steps_bounds=num_steps_bounds,
         round_length=round_length, metric_fraction=metric_fraction, step_size_factors=step_size_factors,

@@ -88,7 +88,7 @@ def prefers_dense(covariance, num_draws, threshold=DENSE_AUTO_THRESHOLD, xp=np):
     return correlation_excess(covariance, num_draws, xp) >= threshold
 
 
-def resolve_metric_recipe(metric_recipe, dense_mass):
+def resolve_metric_recipe(metric_recipe, dense_mass, adapt_mass_matrix=True):
     """``(recipe, dense_state)``: the estimator the metric phase runs and the matrix's form.
 
     ``recipe`` is one of :data:`METRIC_RECIPES`, ``"auto"`` (Welford, dense where the correlations
@@ -98,7 +98,10 @@ def resolve_metric_recipe(metric_recipe, dense_mass):
     ``dense_state`` is ``dense_mass``'s value for the inverse mass matrix's shape (``True``: ``(d, d)``;
     ``"auto"``: chosen by the dimension, or by the shape of a given matrix).
     ``"fisher_low_rank"`` is carried as a ``(d, d)`` matrix, so its leapfrog costs a dense one's.
+    With ``adapt_mass_matrix=False`` nothing is estimated and the default's fixed matrix stays diagonal.
     """
+    if metric_recipe is None and not dense_mass and not adapt_mass_matrix:
+        return "welford_diag", False
     if metric_recipe is None:
         if isinstance(dense_mass, str):
             return "auto", dense_mass
