@@ -78,6 +78,7 @@ from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction
 
 from ._jax_kernel import MAX_STEP_BINS, ChainKernel, build_chain_kernel, inverse_cholesky
 from ._jax_rounds import Rounds, build_rounds
+from ._jax_sharding import to_host
 from ._jax_warmup import SearchBox, Warmup, WarmupState, WindowStats, build_warmup
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
@@ -810,8 +811,8 @@ def _check_finite(logdensity, grad):
     """Raise a ValueError now if the initial log density is not finite (when values are concrete)."""
     if isinstance(logdensity, jax.core.Tracer):
         return
-    values = np.asarray(logdensity)
-    grad_ok = np.all(np.stack([np.all(np.isfinite(np.asarray(g)).reshape(values.shape[0], -1), axis=1)
+    values = to_host(logdensity)
+    grad_ok = np.all(np.stack([np.all(np.isfinite(to_host(g)).reshape(values.shape[0], -1), axis=1)
                                for g in jax.tree.leaves(grad)]), axis=0)
     bad = np.flatnonzero(~np.isfinite(values) | ~grad_ok)
     if bad.size:

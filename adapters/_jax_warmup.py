@@ -31,6 +31,7 @@ from ahmc.core.mass_matrix import prefers_dense, shrink_correlations
 from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, warmup_num_steps
 
 from ._jax_kernel import inverse_cholesky
+from ._jax_sharding import chain_median, replicated
 
 __all__ = ["WindowStats", "WarmupState", "Warmup", "build_warmup", "far_below", "climbing", "lost_chains",
            "pooled_acceptance", "EARLY_MAX_STEPS"]
@@ -74,7 +75,7 @@ def pooled_acceptance(accept, early):
     per iteration for 150 iterations).  Later the windows restart the dual averaging and ``eps*``
     comes from the mean, as in Stan.
     """
-    return jnp.where(early, jnp.median(accept), jnp.mean(accept))
+    return jnp.where(early, chain_median(accept), jnp.mean(accept))
 
 
 def far_below(window: WindowStats, logdensity=None):
@@ -90,11 +91,11 @@ def far_below(window: WindowStats, logdensity=None):
     arrived during the window is not lost.  Needs 2+ chains.
     """
     _, mean, var = _window_moments(window)
-    spread = jnp.sqrt(jnp.median(var))
+    spread = jnp.sqrt(chain_median(var))
     threshold = jnp.maximum(LOST_GAP_SDS * spread, LOST_GAP_MIN)
-    far = (jnp.median(mean) - mean > threshold) & (window.count > 1)
+    far = (chain_median(mean) - mean > threshold) & (window.count > 1)
     if logdensity is not None:
-        far &= jnp.median(mean) - logdensity > threshold
+        far &= chain_median(mean) - logdensity > threshold
     return far
 
 
@@ -108,7 +109,7 @@ def climbing(window: WindowStats):
     mode, rises by noise only (about one sd over 75 autocorrelated iterations).
     """
     _, _, var = _window_moments(window)
-    return _window_rise(window) > 3.0 * jnp.sqrt(jnp.median(var))
+    return _window_rise(window) > 3.0 * jnp.sqrt(chain_median(var))
 
 
 def _window_rise(window: WindowStats):
@@ -138,7 +139,7 @@ def lost_chains(window: WindowStats, logdensity=None, remaining=None):
     if remaining is None:
         return far & trapped
     n, mean, _ = _window_moments(window)
-    gap = jnp.median(mean) - (mean if logdensity is None else logdensity)
+    gap = chain_median(mean) - (mean if logdensity is None else logdensity)
     late = gap > jnp.maximum(_window_rise(window) / n, 0.0) * remaining
     return far & (trapped | late)
 
@@ -148,7 +149,8 @@ def _warn_if_lost(operand, compare_chains=True):
     window, logdensity, now, step_size = operand
     count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
     lost = far_below(window, logdensity) if compare_chains else jnp.zeros(window.logdensity.shape, bool)
-    jax.debug.callback(_warn_host, lost, window.acceptance / count, window.logdensity / count, now, step_size)
+    jax.debug.callback(_warn_host, *replicated((lost, window.acceptance / count, window.logdensity / count)),
+                       now, step_size)
 
 
 def _step_in_parameter_units(da_state, inverse_mass_matrix):

@@ -79,6 +79,7 @@ from ahmc.core.space import check_min_steps_fraction, min_num_steps
 from ._jax_engine import EngineInfo, EngineState, SearchBox, _scan, build_engine
 from ._jax_engine import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
+from ._jax_sharding import mesh_context, shard_chains
 from ._jax_snapshot import engine_snapshot, prepare_warm_start
 from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMCInfo, build_rmhmc_engine, transition_kernel
 
@@ -89,6 +90,7 @@ __all__ = [
     "adaptive_hmc",
     "pooled_adaptive_hmc",
     "run_chains",
+    "shard_chains",
     "tuning_snapshot",
     "TuningSnapshot",
     "gpucb_rmhmc_adaptation",
@@ -409,6 +411,11 @@ def run_chains(
     The run is one compiled program, compiled once per engine and shape: a second call with the
     same log density, options and shapes compiles nothing.
 
+    Positions sharded along the chain axis (:func:`shard_chains`, or your own ``NamedSharding`` over a
+    one-axis mesh) run sharded: each device advances its block of chains, the pooled tuner is one tuner
+    for all of them (its chain means are cross-device reductions, its state replicated), and samples and
+    info come back sharded along their chain axis (docs/devices.md).
+
     ``warm_start=snapshot`` (a :func:`tuning_snapshot`, or the path it was saved to) starts from an
     earlier fit's tuning: after a short check (:func:`ahmc.core.snapshot.check_fit`), the warm-up
     starts from its metric, step size and GP evidence, so ``num_warmup`` of a few hundred does
@@ -418,9 +425,10 @@ def run_chains(
     check_chain_batch(logdensity_fn, positions, "run_chains")
     options, positions, num_warmup, rng_key = _warm_start(
         logdensity_fn, positions, options, num_warmup, rng_key, "run_chains")
-    samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
-                                   **{**options, "paper_preset": paper_preset})
-    info = _chains_first(info)
+    with mesh_context(positions, "run_chains"):
+        samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
+                                       **{**options, "paper_preset": paper_preset})
+        info = _chains_first(info)
     return (samples, info, state) if return_state else (samples, info)
 
 
