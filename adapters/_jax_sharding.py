@@ -86,6 +86,12 @@ def chain_mesh(positions, name: str):
     return mesh
 
 
+def traced_mesh_context(mesh):
+    """The context a step is traced under inside someone else's ``jit`` (NumPyro's sampling loop): the
+    abstract mesh of ``mesh``, or nothing for ``None``."""
+    return contextlib.nullcontext() if mesh is None else jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
+
+
 def mesh_context(positions, name: str):
     """A context under which a run on these positions is traced: their mesh, or nothing when unsharded."""
     mesh = chain_mesh(positions, name)

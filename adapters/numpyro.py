@@ -30,12 +30,13 @@ from numpyro.util import identity, is_prng_key  # noqa: E402
 
 from ._jax_engine import EngineState, build_engine  # noqa: E402
 from ._jax_snapshot import engine_snapshot, load_snapshot, prepare_warm_start  # noqa: E402
+from ._jax_sharding import chain_mesh, mesh_context, shard_chains, traced_mesh_context  # noqa: E402
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
 from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, build_rmhmc_engine  # noqa: E402
 from ._numpyro_fisher import fisher_from_model, model_fisher_metric  # noqa: E402
 
 __all__ = ["AdaptiveHMC", "AdaptiveHMCState", "AdaptiveRMHMC", "AdaptiveRMHMCState", "constant_metric",
-           "fisher_logistic_metric", "model_fisher_metric", "tuning_snapshot"]
+           "fisher_logistic_metric", "model_fisher_metric", "shard_chains", "tuning_snapshot"]
 
 # Metrics read off the model's sites (``_numpyro_fisher``): they need ``model``, not ``potential_fn``.
 MODEL_METRICS = ("fisher", "diagonal_fisher")
@@ -269,8 +270,10 @@ class AdaptiveHMC(MCMCKernel):
         positions = init_params if self._vectorized else jax.tree.map(lambda x: jnp.asarray(x)[None], init_params)
         _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
         positions, engine_key = self._check_warm_start(positions, engine_key, model_args, model_kwargs)
+        self._mesh = chain_mesh(positions, type(self).__name__) if self._vectorized else None
         engine = self._engine(model_args, model_kwargs)
-        engine_state = engine.init(positions, engine_key)
+        with mesh_context(positions, type(self).__name__):
+            engine_state = engine.init(positions, engine_key)
         self._sample_fn = self._sample
         batch = engine_state.logdensity.shape
         nan = jnp.full(batch, jnp.nan, engine_state.logdensity.dtype)
@@ -298,7 +301,8 @@ class AdaptiveHMC(MCMCKernel):
         # step with the warm-up masked after it, rather than a branch per phase, compiles in a quarter less
         # time (4.7 -> 3.5 s on eight schools), which at 1000 + 1000 draws is most of the wall time; the
         # masked warm-up costs microseconds per iteration (docs/decisions.md, "NumPyro kernel: one step").
-        engine_state, info = engine.step(step_key, state.engine)
+        with traced_mesh_context(getattr(self, "_mesh", None)):  # positions sharded over devices
+            engine_state, info = engine.step(step_key, state.engine)
         new = self._state_class(
             i=(state.i + 1) if self._vectorized else (state.i + 1)[None], z=engine_state.position,
             potential_energy=-info.logdensity, energy=info.energy, num_steps=info.num_integration_steps,

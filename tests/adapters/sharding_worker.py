@@ -49,12 +49,31 @@ def run(positions):
     return [np.asarray(a).tolist() for a in gathered], specs
 
 
+def run_numpyro(init_params):
+    """The NumPyro kernel, chains vectorized, from sharded initial positions: the sharding of its draws."""
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveHMC
+
+    def model():
+        numpyro.sample("x", dist.Normal(0.0, jnp.asarray(SCALES)))
+
+    mcmc = MCMC(AdaptiveHMC(model), num_warmup=100, num_samples=100, num_chains=NUM_CHAINS,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0), init_params=init_params)
+    x = mcmc.get_samples(group_by_chain=True)["x"]
+    return [str(x.sharding.spec), str(mcmc.last_state.z["x"].sharding.spec), list(x.shape)]
+
+
 positions = np.asarray(jax.random.normal(jax.random.key(1), (NUM_CHAINS, SCALES.size)))
 result = {}
 if args.process_id is None:
     result["one"] = run(jnp.asarray(positions))
     result["two"] = run(shard_chains(positions, jax.devices()[:2]))
     result["all"] = run(shard_chains(positions))
+    result["numpyro"] = run_numpyro(shard_chains({"x": positions}))
     try:
         shard_chains(positions[:6])
     except ValueError as err:

@@ -58,6 +58,11 @@ def test_output_stays_sharded_along_the_chain_axis(eight_devices):
     assert runs["all"][1] == ["P('chains',)", "P('chains',)"]
 
 
+def test_numpyro_vectorized_chains_stay_sharded(eight_devices):
+    runs, _ = eight_devices
+    assert runs["numpyro"] == ["P('chains',)", "P('chains',)", [16, 100, 5]]
+
+
 def test_eight_devices_sample_the_target(eight_devices):
     """Over 8 devices (2 chains each) the chain sums group differently, so the floats, and after a few
     iterations the chaotic chains, part from the unsharded run's; the first iterations agree, and the
