@@ -37,6 +37,7 @@ MARKERS = {
     "rmhmc_pymc": "idata = pm.sample(step=AdaptiveRMHMC(metric=fisher_logistic_metric(X)))",
     "cross_validation": "cv = cross_validate(model, X, y,",
     "warm_start": 'tuning_snapshot(info, state).save("fit.json")',
+    "readme_devices": "positions = shard_chains(jax.random.normal(key, (64, dim)))",
 }
 
 
@@ -54,7 +55,7 @@ def run(code, **names):
 
 
 def test_every_python_block_is_run_by_a_test():
-    assert len(BLOCKS["README.md"]) == 5
+    assert len(BLOCKS["README.md"]) == 6
     unclaimed = [f"{doc}: {code.splitlines()[0]}" for doc, blocks in BLOCKS.items() for code in blocks
                  if sum(marker in code for marker in MARKERS.values()) != 1]
     assert not unclaimed, "code blocks that no test runs (add a marker and a test):\n" + "\n".join(unclaimed)
@@ -99,6 +100,20 @@ def test_blackjax_quickstart_runs():
     assert set(names["parameters"]) >= {"step_size", "inverse_mass_matrix", "num_integration_steps"}
     assert names["state"].position.shape == (4, 10)
     assert names["states"].position.shape == (4, 10)
+
+
+def test_readme_devices_block_runs():
+    """On this process's one device: the chains are laid out on a one-device mesh and come back so."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    code = block("readme_devices").replace("1000, 1000", "300, 200")
+    names = run(code, jax=jax, key=jax.random.key(0), dim=3,
+                logdensity_fn=lambda x: -0.5 * jnp.sum((x / jnp.arange(1.0, 4.0)) ** 2))
+    samples = names["samples"]
+    assert samples.shape == (64, 200, 3)
+    assert samples.sharding.mesh.axis_names == ("chains",)  # one device: the spec is trivially P()
+    np.testing.assert_allclose(np.asarray(samples).std(axis=(0, 1)), [1.0, 2.0, 3.0], rtol=0.15)
 
 
 @pytest.mark.slow  # the quickstart's first half again, and the pooled form
