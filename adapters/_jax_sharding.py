@@ -96,3 +96,22 @@ def mesh_context(positions, name: str):
     """A context under which a run on these positions is traced: their mesh, or nothing when unsharded."""
     mesh = chain_mesh(positions, name)
     return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
+def superchain_positions(starts, chains_per_superchain: int):
+    """``(superchains * chains_per_superchain, ...)`` positions: each start repeated for its superchain's chains
+    (consecutive), the layout nested R-hat expects."""
+    return jax.tree.map(lambda leaf: np.repeat(np.asarray(leaf), chains_per_superchain, axis=0), starts)
+
+
+def nested_rhat(samples, chains_per_superchain: int) -> np.ndarray:
+    """ArviZ's nested R-hat (Margossian et al. 2024) of flat ``(chains, draws, d)`` samples whose consecutive
+    blocks of ``chains_per_superchain`` chains started at one point: one value per coordinate."""
+    try:
+        from arviz_stats import rhat_nested
+    except ImportError as err:  # pragma: no cover - only without ArviZ
+        raise ImportError('nested R-hat needs ArviZ: pip install "arviz>=1.3"') from err
+    leaves = [to_host(leaf) for leaf in jax.tree.leaves(samples)]  # a pytree: its leaves' coordinates in order
+    draws = np.concatenate([leaf.reshape(leaf.shape[0], leaf.shape[1], -1) for leaf in leaves], axis=-1)
+    ids = np.arange(draws.shape[0]) // chains_per_superchain
+    return np.asarray(rhat_nested(draws.reshape(draws.shape[0], draws.shape[1], -1), superchain_ids=ids.tolist()))

@@ -79,7 +79,7 @@ from ahmc.core.space import check_min_steps_fraction, min_num_steps
 from ._jax_engine import EngineInfo, EngineState, SearchBox, _scan, build_engine
 from ._jax_engine import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
-from ._jax_sharding import mesh_context, shard_chains
+from ._jax_sharding import mesh_context, nested_rhat, shard_chains, superchain_positions
 from ._jax_snapshot import engine_snapshot, prepare_warm_start
 from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMCInfo, build_rmhmc_engine, transition_kernel
 
@@ -90,6 +90,7 @@ __all__ = [
     "adaptive_hmc",
     "pooled_adaptive_hmc",
     "run_chains",
+    "run_many_chains",
     "shard_chains",
     "tuning_snapshot",
     "TuningSnapshot",
@@ -430,6 +431,38 @@ def run_chains(
                                        **{**options, "paper_preset": paper_preset})
         info = _chains_first(info)
     return (samples, info, state) if return_state else (samples, info)
+
+
+def run_many_chains(
+    rng_key,
+    logdensity_fn: Callable,
+    starts,
+    chains_per_superchain: int = 16,
+    num_warmup: int = 300,
+    num_samples: int = 100,
+    *,
+    devices=None,
+    **options,
+) -> tuple[Any, EngineInfo, np.ndarray]:
+    """Many short chains, for accelerators: ``(samples, info, nested_rhat)``.
+
+    ``starts`` (leading axis: superchains, at least 2) are the starting points; each starts
+    ``chains_per_superchain`` chains (consecutive in ``samples``), all of them sharded over ``devices``
+    (default ``jax.devices()``) and tuned by one pooled tuner in a short warm-up.  Convergence is judged
+    by ArviZ's nested R-hat (Margossian et al. 2024, one value per coordinate; below about 1.01 it says
+    the superchains agree), not by each chain's own mixing, which a few hundred iterations cannot show.
+    ``options`` are :func:`run_chains`' (docs/devices.md)."""
+    if isinstance(chains_per_superchain, bool) or not isinstance(chains_per_superchain, (int, np.integer)) \
+            or chains_per_superchain < 1:
+        raise ValueError(f"run_many_chains: chains_per_superchain must be a positive integer, got "
+                         f"{chains_per_superchain!r}.")
+    num_superchains = int(np.shape(jax.tree.leaves(starts)[0])[0]) if jax.tree.leaves(starts) else 0
+    if num_superchains < 2:
+        raise ValueError(f"run_many_chains: starts has {num_superchains} superchain(s); nested R-hat compares "
+                         "superchains, so give at least 2 starting points (leading axis).")
+    positions = shard_chains(superchain_positions(starts, int(chains_per_superchain)), devices)
+    samples, info = run_chains(rng_key, logdensity_fn, positions, num_warmup, num_samples, **options)
+    return samples, info, nested_rhat(samples, int(chains_per_superchain))
 
 
 #: The warm-up a run falls back to when its warm-start snapshot does not fit (the default cold warm-up).
