@@ -351,23 +351,14 @@ def build_engine(
     auto_box = step_size_bounds is None
     plan = plan_warmup(num_warmup, metric_fraction=metric_fraction, round_length=round_length,
                        adapt_mass_matrix=adapt_mass_matrix, auto_box=auto_box, k=k, freeze_after=freeze_after)
-    if auto_box and plan.metric_phase_length < 1:
-        raise ValueError(
-            "The automatic search box needs a metric (dual-averaging) phase: "
-            f"num_warmup={num_warmup} with metric_fraction={metric_fraction} leaves none. "
-            "Give step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi), or more warm-up.")
     use_center = needs_center(objective_fn)
-    if use_center and plan.metric_phase_length < 1:
-        raise ValueError(
-            f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
-            f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
+    _check_plan(plan, auto_box=auto_box, use_center=use_center, num_warmup=num_warmup,
+                metric_fraction=metric_fraction, objective=objective)
     space, initial_arm, box0 = _search_setup(
         auto_box, step_size_bounds, num_steps_bounds, factors, num_step_sizes, num_num_steps, log_step_size,
         max_integration_time, num_steps_cap, super_transitions, initial_arm)
-    noise_variance = GPConfig(noise_variance=noise_variance).resolved_noise_variance(one_chain_rounds=False)
-    tuner = gp_ucb(space, initial_arm=initial_arm, capacity=capacity, lengthscale=lengthscale,
-                   noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, k=plan.k, decay=decay,
-                   freeze_after=plan.freeze_rounds)
+    tuner = _gp_tuner(space, plan, initial_arm=initial_arm, capacity=capacity, lengthscale=lengthscale,
+                      noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, decay=decay)
     tuner_prior = _tuner_prior(tuner, warm_start, warm_start_weight)
     min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
     by_trajectory = jump_estimate == "trajectory"
@@ -405,6 +396,25 @@ def build_engine(
         buffer_length=int(super_transitions) if super_transitions else int(round_length), tuner_prior=tuner_prior)
     return Engine(init=partial(_init, parts), step=partial(_step, parts), parameters=partial(_parameters, parts),
                   tuner=tuner, config=config, scan_draws=partial(_scan_draws_of, parts))
+
+
+def _check_plan(plan, *, auto_box, use_center, num_warmup, metric_fraction, objective) -> None:
+    """The warm-up plan leaves a metric phase where the automatic box or a centred objective needs one."""
+    if auto_box and plan.metric_phase_length < 1:
+        raise ValueError(
+            "The automatic search box needs a metric (dual-averaging) phase: "
+            f"num_warmup={num_warmup} with metric_fraction={metric_fraction} leaves none. "
+            "Give step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi), or more warm-up.")
+    if use_center and plan.metric_phase_length < 1:
+        raise ValueError(
+            f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
+            f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
+
+
+def _gp_tuner(space, plan, *, noise_variance, **gp_options):
+    """The pooled GP-UCB tuner over ``space``, on the plan's schedule (its ``k`` and freezing round)."""
+    noise_variance = GPConfig(noise_variance=noise_variance).resolved_noise_variance(one_chain_rounds=False)
+    return gp_ucb(space, noise_variance=noise_variance, k=plan.k, freeze_after=plan.freeze_rounds, **gp_options)
 
 
 class _Parts(NamedTuple):

@@ -643,7 +643,8 @@ def run_rmhmc_chains(
     ``num_integration_steps``.
     """
     check_chain_batch(logdensity_fn, positions, "run_rmhmc_chains")
-    samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
-                                   build=build_rmhmc_engine, **{**options, "paper_preset": paper_preset})
+    with mesh_context(positions, "run_rmhmc_chains"):  # sharded positions run sharded, as in run_chains
+        samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
+                                       build=build_rmhmc_engine, **{**options, "paper_preset": paper_preset})
     info = _chains_first(info)
     return (samples, info, state) if return_state else (samples, info)

@@ -63,6 +63,13 @@ def test_numpyro_vectorized_chains_stay_sharded(eight_devices):
     assert runs["numpyro"] == ["P('chains',)", "P('chains',)", [16, 100, 5]]
 
 
+def test_rmhmc_chains_stay_sharded(eight_devices):
+    runs, _ = eight_devices
+    spec, sds = runs["rmhmc"]
+    assert spec == "P('chains',)"
+    np.testing.assert_allclose(sds, SCALES, rtol=0.35)  # 16 x 100 draws: a coarse check that it samples
+
+
 def test_eight_devices_sample_the_target(eight_devices):
     """Over 8 devices (2 chains each) the chain sums group differently, so the floats, and after a few
     iterations the chaotic chains, part from the unsharded run's; the first iterations agree, and the
