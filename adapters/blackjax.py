@@ -202,8 +202,9 @@ def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **o
             logdensity_fn, positions, options, num_steps, rng_key, "gpucb_adaptation(...).run")
         engine = build_engine(logdensity_fn, num_warmup=num_steps, **run_options)
         init_key, run_key, generator_key = jax.random.split(rng_key, 3)
-        state = engine.init(positions, init_key)
-        state, info = _scan(engine.step, run_key, state, num_steps, False)
+        with mesh_context(positions, "gpucb_adaptation(...).run"):  # sharded chains stay sharded
+            state = engine.init(positions, init_key)
+            state, info = _scan(engine.step, run_key, state, num_steps, False)
         num_chains = state.logdensity.shape[0]
         chain_state = DynamicHMCState(
             state.position, state.logdensity, state.logdensity_grad,

@@ -63,8 +63,9 @@ def test_numpyro_vectorized_chains_stay_sharded(eight_devices):
     assert runs["numpyro"] == ["P('chains',)", "P('chains',)", [16, 100, 5]]
 
 
-def test_rmhmc_chains_stay_sharded(eight_devices):
+def test_rmhmc_chains_and_the_adaptation_routine_stay_sharded(eight_devices):
     runs, _ = eight_devices
+    assert runs["adaptation"] == "P('chains',)"  # gpucb_adaptation(...).run's final positions
     spec, sds = runs["rmhmc"]
     assert spec == "P('chains',)"
     np.testing.assert_allclose(sds, SCALES, rtol=0.35)  # 16 x 100 draws: a coarse check that it samples
