@@ -282,6 +282,32 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b)))) if a.dtype.kind == "f" else bool(np.all(a == b))
 
 
+def _tuner_round_rows(t: int, chains: tuple, trace: IterationTrace, arm) -> list[dict]:
+    """One row per GP round of tuner ``t`` (its ``chains``; the first one's records stand for all)."""
+    lead, rounds, reward = chains[0], trace.round, trace.reward
+    num_draws = rounds.shape[1]
+    starts = np.flatnonzero(np.r_[True, rounds[lead, 1:] != rounds[lead, :-1]])  # rounds are contiguous
+    segments = [(start, end) for start, end in zip(starts, np.r_[starts[1:], num_draws]) if rounds[lead, start] > 0]
+    tuner_rows, longest = [], 0
+    for position, (start, end) in enumerate(segments):
+        last, length = end - 1, end - start
+        # A round is finished if another follows, its reward is in, or it is as long as the longest before.
+        finished = position < len(segments) - 1 or np.isfinite(reward[lead, last]) or (0 < longest <= length)
+        longest = max(longest, length)
+        block = (list(chains), slice(start, end))
+        tuner_rows.append(dict(
+            tuner=t, round=rounds[lead, start], step_size=trace.step_size[lead, start],
+            num_steps=trace.num_steps[lead, start], arm=-1 if arm is None else arm[lead, start],
+            reward=reward[lead, last] if finished else np.nan,
+            adapt_probability=trace.adapt_probability[lead, last] if finished else np.nan,
+            arm_changed=bool(trace.arm_changed[lead, last]), num_iterations=length,
+            acceptance=_mean(trace.acceptance[block]), num_divergent=int(np.sum(trace.is_divergent[block])),
+            num_integration_steps=_mean(trace.num_integration_steps[block]),
+            is_warmup=bool(np.all(trace.is_warmup[lead, start:end])), is_complete=bool(finished),
+        ))
+    return tuner_rows
+
+
 def tuning_history(stats: Mapping, *, config=None, names: Mapping | None = None, is_warmup=None,
                    final_arm=None) -> TuningHistory:
     """Rebuild the tuning history from per-draw sample stats.
@@ -351,26 +377,7 @@ def tuning_history(stats: Mapping, *, config=None, names: Mapping | None = None,
 
     rows, arm_rows = [], []
     for t, chains in enumerate(tuner_chains):
-        lead = chains[0]
-        starts = np.flatnonzero(np.r_[True, rounds[lead, 1:] != rounds[lead, :-1]])  # rounds are contiguous
-        segments = [(start, end) for start, end in zip(starts, np.r_[starts[1:], num_draws]) if rounds[lead, start] > 0]
-        tuner_rows, longest = [], 0
-        for position, (start, end) in enumerate(segments):
-            last, length = end - 1, end - start
-            # A round is finished if another follows, its reward is in, or it is as long as the longest before.
-            finished = position < len(segments) - 1 or np.isfinite(reward[lead, last]) or (0 < longest <= length)
-            longest = max(longest, length)
-            block = (list(chains), slice(start, end))
-            tuner_rows.append(dict(
-                tuner=t, round=rounds[lead, start], step_size=step_size[lead, start], num_steps=num_steps[lead, start],
-                arm=-1 if arm is None else arm[lead, start],
-                reward=reward[lead, last] if finished else np.nan,
-                adapt_probability=trace.adapt_probability[lead, last] if finished else np.nan,
-                arm_changed=bool(trace.arm_changed[lead, last]), num_iterations=length,
-                acceptance=_mean(trace.acceptance[block]), num_divergent=int(np.sum(trace.is_divergent[block])),
-                num_integration_steps=_mean(trace.num_integration_steps[block]),
-                is_warmup=bool(np.all(trace.is_warmup[lead, start:end])), is_complete=bool(finished),
-            ))
+        tuner_rows = _tuner_round_rows(t, chains, trace, arm)
         rows.extend(tuner_rows)
         arm_rows.extend(_arm_rows(t, tuner_rows))
     rounds_table = RoundTable(*(np.asarray([row[f] for row in rows], dtype=_DTYPES[f]) for f in RoundTable._fields))
