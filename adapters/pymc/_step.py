@@ -517,15 +517,7 @@ class AdaptiveHMC(BaseHMC):
 
         super().__init__(vars, model=model, **kwargs)
         if "potential" not in kwargs and "scaling" not in kwargs:  # replace BaseHMC's default metric
-            size = self.potential._n
-            rng = self.rng.spawn(1)[0]
-            auto = isinstance(dense_mass, str)
-            if dense_mass and not (auto and size > DENSE_AUTO_MAX_DIM):  # PyMC's init="adapt_full" settings
-                self.potential = _WarmupFullAdapt(size, np.zeros(size), np.eye(size), 10, rng=rng, auto=auto)
-            elif adapt_mass_matrix:
-                self.potential = _WarmupDiagAdapt(size, np.zeros(size), np.ones(size), 10, rng=rng)
-            else:
-                self.potential = QuadPotentialDiag(np.ones(size, dtype=self.potential.dtype), rng=rng)
+            self.potential = self._warmup_potential(dense_mass, adapt_mass_matrix)
         self.integrator = _LeapfrogReusingStart(self.potential, self._logp_dlogp_func, _samples_every_variable(self))
         self._uses_center = needs_center(self._objective)
         if self._uses_center and not isinstance(self.potential, (_WarmupDiagAdapt, _WarmupFullAdapt)):
@@ -540,6 +532,18 @@ class AdaptiveHMC(BaseHMC):
         self._tuner_cache = self._settings_cache = (None, None)
         self._arm = None
         self._reset_chain(tune=0)
+
+    def _warmup_potential(self, dense_mass, adapt_mass_matrix):
+        """The metric the warm-up adapts (PyMC's ``init="adapt_full"`` / ``"adapt_diag"`` settings), or a fixed
+        identity without adaptation."""
+        size = self.potential._n
+        rng = self.rng.spawn(1)[0]
+        auto = isinstance(dense_mass, str)
+        if dense_mass and not (auto and size > DENSE_AUTO_MAX_DIM):
+            return _WarmupFullAdapt(size, np.zeros(size), np.eye(size), 10, rng=rng, auto=auto)
+        if adapt_mass_matrix:
+            return _WarmupDiagAdapt(size, np.zeros(size), np.ones(size), 10, rng=rng)
+        return QuadPotentialDiag(np.ones(size, dtype=self.potential.dtype), rng=rng)
 
     # ---- per-chain state -------------------------------------------------------------------
     def _reset_chain(self, tune):
