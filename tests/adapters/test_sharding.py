@@ -137,6 +137,7 @@ def test_many_short_chains_sample_the_target():
     assert_moments_match(samples, 0.0, SCALES[:3], max_rhat=1.05)
 
 
+@pytest.mark.slow  # keeps the default suite under 15 minutes; the agreeing direction runs by default
 def test_nested_rhat_flags_superchains_in_different_modes():
     """Two modes 20 sds apart, half the superchains started in each: no chain crosses, and nested R-hat says so."""
     import jax
