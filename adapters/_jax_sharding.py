@@ -92,10 +92,14 @@ def traced_mesh_context(mesh):
     return contextlib.nullcontext() if mesh is None else jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
+def set_mesh(mesh):
+    """``jax.set_mesh(mesh)``, or nothing for ``None`` (unsharded chains)."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
 def mesh_context(positions, name: str):
     """A context under which a run on these positions is traced: their mesh, or nothing when unsharded."""
-    mesh = chain_mesh(positions, name)
-    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+    return set_mesh(chain_mesh(positions, name))
 
 
 def superchain_positions(starts, chains_per_superchain: int):
