@@ -10,7 +10,6 @@ user is told why.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import jax
@@ -20,26 +19,21 @@ from jax.flatten_util import ravel_pytree
 
 import blackjax.mcmc.hmc as hmc
 
-from ahmc.core.snapshot import CHECK_ITERATIONS, FitReport, TuningSnapshot, check_dimension, check_fit
+from ahmc.core.snapshot import (CHECK_ITERATIONS, FitReport, TuningSnapshot, WarmStartWarning, check_fit,
+                                load_snapshot, match_coordinates)
 
 __all__ = ["engine_snapshot", "load_snapshot", "prepare_warm_start", "WarmStartWarning"]
 
 
-class WarmStartWarning(UserWarning):
-    """A warm-start snapshot did not fit the model and the run fell back to the cold warm-up."""
+def coordinates(tree) -> tuple:
+    """The ``(name, size)`` blocks of one chain's position pytree, in ``ravel_pytree``'s order (a dict's
+    keys by name: a NumPyro model's sites, the compiled PyMC route's value variables)."""
+    def name(path):
+        if len(path) == 1 and isinstance(path[0], jax.tree_util.DictKey):
+            return str(path[0].key)
+        return jax.tree_util.keystr(path)
 
-
-def load_snapshot(value) -> TuningSnapshot:
-    """A snapshot from a :class:`TuningSnapshot` or the path of a saved one; a clear error otherwise."""
-    if isinstance(value, TuningSnapshot):
-        return value
-    if isinstance(value, (str, os.PathLike)):
-        if not os.path.exists(value):
-            raise ValueError(f"warm_start={str(value)!r}: no such file; give a TuningSnapshot or the path "
-                             "snapshot.save(path) wrote.")
-        return TuningSnapshot.load(value)
-    raise ValueError("warm_start must be a TuningSnapshot (e.g. ahmc.adapters.blackjax.tuning_snapshot(info, "
-                     f"state)) or the path of a saved one; got {type(value).__name__}.")
+    return tuple((name(path), int(np.size(leaf))) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0])
 
 
 def _first_chain(tree, batched: bool):
@@ -74,7 +68,8 @@ def engine_snapshot(state, step_size, num_steps, *, options=None, source: str = 
         positions=np.asarray(flat, float),
         gp_arms=unit(buffer.arm[occupied]), gp_rewards=np.asarray(buffer.mean_reward[occupied], float),
         gp_counts=np.asarray(buffer.count[occupied], float), arm_unit=unit(tuner.arm),
-        options=_storable(options or {}), source=source)
+        options=_storable(options or {}), source=source,
+        coordinates=coordinates(jax.tree.map(lambda x: x[0], state.position)))
 
 
 def _storable(options: dict) -> dict:
@@ -118,8 +113,10 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
     snapshot = load_snapshot(warm_start)
     flat0, unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
     num_chains = int(np.shape(jax.tree.leaves(positions)[0])[0])
-    report = check_dimension(snapshot, int(flat0.shape[0]))
-    if report is None:
+    snapshot, reason = match_coordinates(snapshot, coordinates(jax.tree.map(lambda x: x[0], positions)))
+    if snapshot is None:
+        report = FitReport(False, reason)
+    else:
         rows = (first_row + np.arange(num_chains)) % snapshot.positions.shape[0]
         start = jnp.asarray(snapshot.positions[rows], flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating)
                             else jnp.float32)

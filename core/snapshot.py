@@ -31,13 +31,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["TuningSnapshot", "FitReport", "check_fit", "prior_evidence", "SNAPSHOT_FORMAT",
-           "CHECK_ITERATIONS", "MAX_VARIANCE_RATIO", "MIN_ACCEPTANCE"]
+__all__ = ["TuningSnapshot", "FitReport", "WarmStartWarning", "check_fit", "load_snapshot", "match_coordinates",
+           "prior_evidence", "SNAPSHOT_FORMAT", "CHECK_ITERATIONS", "MAX_VARIANCE_RATIO", "MIN_ACCEPTANCE"]
 
 SNAPSHOT_FORMAT = 1
 # The check: this many iterations at the snapshot's arm, the first third discarded.  With 4 chains that
@@ -71,6 +72,8 @@ class TuningSnapshot:
     arm_unit            : (2,)             unit coordinates of ``arm``
     options             : dict             the run's tuning options that differ from the defaults
     source              : str              which adapter took it
+    coordinates         : ((name, size),)  the named blocks of the flat coordinates, in order (empty:
+                                           unnamed; then only the dimension is checked)
     """
 
     inverse_mass_matrix: Any
@@ -85,6 +88,7 @@ class TuningSnapshot:
     arm_unit: Any = field(default_factory=lambda: np.full(2, 0.5))
     options: dict = field(default_factory=dict)
     source: str = ""
+    coordinates: tuple = ()
 
     def __post_init__(self):
         imm = _array(self.inverse_mass_matrix)
@@ -109,6 +113,10 @@ class TuningSnapshot:
         object.__setattr__(self, "gp_rewards", rewards)
         object.__setattr__(self, "gp_counts", counts)
         object.__setattr__(self, "arm_unit", np.clip(_array(self.arm_unit).reshape(2), 0.0, 1.0))
+        blocks = tuple((str(name), int(size)) for name, size in self.coordinates)
+        if blocks and sum(size for _, size in blocks) != imm.shape[0]:
+            raise ValueError(f"TuningSnapshot: coordinates {blocks} do not add up to the dimension {imm.shape[0]}.")
+        object.__setattr__(self, "coordinates", blocks)
 
     @property
     def dim(self) -> int:
@@ -163,6 +171,23 @@ class TuningSnapshot:
             return cls.from_json(handle.read())
 
 
+class WarmStartWarning(UserWarning):
+    """A warm-start snapshot did not fit the model and the run fell back to the cold warm-up."""
+
+
+def load_snapshot(value) -> TuningSnapshot:
+    """A snapshot from a :class:`TuningSnapshot` or the path of a saved one; a clear error otherwise."""
+    if isinstance(value, TuningSnapshot):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        if not os.path.exists(value):
+            raise ValueError(f"warm_start={str(value)!r}: no such file; give a TuningSnapshot or the path "
+                             "snapshot.save(path) wrote.")
+        return TuningSnapshot.load(value)
+    raise ValueError("warm_start must be a TuningSnapshot (e.g. ahmc.adapters.blackjax.tuning_snapshot(info, "
+                     f"state)) or the path of a saved one; got {type(value).__name__}.")
+
+
 def _plain(value):
     """JSON for the NumPy scalars and tuples an options dict may hold."""
     if isinstance(value, np.generic):
@@ -193,6 +218,33 @@ def check_dimension(snapshot: TuningSnapshot, dim: int) -> FitReport | None:
         return FitReport(False, f"the snapshot has {snapshot.dim} parameters (flat, unconstrained) and this "
                                 f"model {dim}: it was taken from another model")
     return None
+
+
+def match_coordinates(snapshot: TuningSnapshot, coordinates) -> tuple[TuningSnapshot | None, str]:
+    """``(snapshot in the order of coordinates, "")``, or ``(None, reason)`` when the model's parameters
+    are not the snapshot's.
+
+    ``coordinates``: the model's ``(name, size)`` blocks in the order of its flat coordinates.  A snapshot
+    with named blocks is permuted to that order (the JAX routes ravel a dict by sorted name, PyMC's step
+    in model order); an unnamed one must have the dimension.
+    """
+    blocks = tuple((str(name), int(size)) for name, size in coordinates)
+    failed = check_dimension(snapshot, sum(size for _, size in blocks))
+    if failed is not None:
+        return None, failed.reason
+    if not snapshot.coordinates or snapshot.coordinates == blocks:
+        return snapshot, ""
+    if sorted(snapshot.coordinates) != sorted(blocks):
+        return None, (f"the snapshot's parameters are {dict(snapshot.coordinates)} and this model's "
+                      f"{dict(blocks)}: it was taken from another model")
+    starts, offset = {}, 0
+    for name, size in snapshot.coordinates:
+        starts[name], offset = offset, offset + size
+    order = np.concatenate([np.arange(starts[name], starts[name] + size) for name, size in blocks])
+    imm = snapshot.inverse_mass_matrix
+    imm = imm[np.ix_(order, order)] if imm.ndim == 2 else imm[order]
+    return dataclasses.replace(snapshot, inverse_mass_matrix=imm, positions=snapshot.positions[:, order],
+                               coordinates=blocks), ""
 
 
 def check_fit(snapshot: TuningSnapshot, draws, acceptance_rate: float) -> FitReport:

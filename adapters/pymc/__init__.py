@@ -39,6 +39,7 @@ rebuild the tuning history from the returned DataTree.
 from ._step import STATS, AdaptiveHMC, refuse_discrete  # noqa: F401  (refuse_discrete: the compiled route's)
 from ._pooled import POOLED_CORES_MESSAGE, PooledAdaptiveHMC
 from ._rmhmc import RMHMC_STATS, AdaptiveRMHMC, constant_metric, fisher_logistic_metric
+from ._snapshot import tuning_snapshot
 
 __all__ = ["AdaptiveHMC", "PooledAdaptiveHMC", "AdaptiveRMHMC", "constant_metric", "fisher_logistic_metric",
            "sample_numpyro_ahmc", "tuning_snapshot", "STATS", "RMHMC_STATS"]
@@ -47,7 +48,7 @@ __all__ = ["AdaptiveHMC", "PooledAdaptiveHMC", "AdaptiveRMHMC", "constant_metric
 def __getattr__(name):
     # The compiled route (PyMC model -> JAX -> ahmc's NumPyro kernel) needs the numpyro extra: imported on use,
     # so that importing the step does not import JAX (cores > 1 then forks a process without JAX's threads).
-    if name in ("sample_numpyro_ahmc", "jax_logdensity", "tuning_snapshot"):
+    if name in ("sample_numpyro_ahmc", "jax_logdensity"):
         from . import _compiled
 
         return getattr(_compiled, name)

@@ -42,10 +42,10 @@ from ..diagnostics import CONFIG_ATTR, FREE_VARS_ATTR, config_from_numpyro  # no
 from ..numpyro import TUNER_FIELDS, AdaptiveHMC, AdaptiveRMHMC, tuning_snapshot as _numpyro_snapshot  # noqa: E402
 from ._step import refuse_discrete  # noqa: E402
 
-__all__ = ["sample_numpyro_ahmc", "jax_logdensity", "tuning_snapshot"]
+from ._snapshot import SNAPSHOT_ATTR  # noqa: E402
 
-#: The DataTree attribute that keeps the run's tuning snapshot (JSON), for the next fit's ``warm_start``.
-SNAPSHOT_ATTR = "ahmc_tuning_snapshot"
+__all__ = ["sample_numpyro_ahmc", "jax_logdensity"]
+
 
 #: NumPyro kernel field -> PyMC sample-stat name (as PyMC's step methods and ``sample_numpyro_nuts`` name them).
 STAT_NAMES = {"num_steps": "n_steps", "accept_prob": "acceptance_rate", "diverging": "diverging",
@@ -219,14 +219,3 @@ def sample_numpyro_ahmc(
         if not quiet:
             log_warnings(warnings_)
     return tree
-
-
-def tuning_snapshot(tree):
-    """The tuning snapshot :func:`sample_numpyro_ahmc` kept in its DataTree (``warm_start=`` of the next fit)."""
-    from ahmc.core.snapshot import TuningSnapshot
-
-    text = getattr(tree, "attrs", {}).get(SNAPSHOT_ATTR)
-    if text is None:
-        raise ValueError("tuning_snapshot needs a DataTree from sample_numpyro_ahmc (riemannian=False); this one "
-                         f"has no {SNAPSHOT_ATTR!r} attribute.")
-    return TuningSnapshot.from_json(text)

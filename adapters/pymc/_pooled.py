@@ -204,6 +204,8 @@ class PooledAdaptiveHMC(_PooledChains, AdaptiveHMC, PopulationArrayStepShared):
     Takes every option of :class:`AdaptiveHMC`.  A population step method: PyMC steps its chains in
     lockstep in one process (``cores`` does not apply)."""
 
+    warm_start_supported = False  # not yet (docs/warm_start.md)
+
     pooled_step = True
 
     def __init__(self, *args, **kwargs):

@@ -345,6 +345,8 @@ class AdaptiveRMHMC(AdaptiveHMC):
     logistic regressions with strong correlations) and ``d`` is at most a few tens.
     """
 
+    warm_start_supported = False  # not yet (docs/warm_start.md)
+
     name = "adaptive_rmhmc"
     stats_dtypes_shapes = {name: (dtype, shape) for name, dtype, shape, _ in STATS + RMHMC_STATS}
 

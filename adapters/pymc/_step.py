@@ -59,6 +59,7 @@ from ahmc.core import Config, gp_ucb, search_space
 from ahmc.core.config import GPConfig, resolve_options
 
 from .. import _riemann
+from ._warm import WarmStartMixin
 from .._pymc_fisher import assemble_fisher, fisher_parts, flatten_parts, unflatten_parts
 from .._riemann import Geometry, NotPositiveDefiniteError
 from ..diagnostics import PYMC_HMC_DEFAULTS
@@ -294,7 +295,8 @@ _PYMC_OPTIONS = ("step_size_bounds", "num_steps_bounds", "round_length", "object
                  "jump_estimate", "schedule", "k", "decay", "freeze_after", "adapt_mass_matrix", "initial_step_size",
                  "metric_fraction", "step_size_factors", "max_integration_time", "warmup_integration_time",
                  "num_steps_cap", "num_step_sizes", "exploit_after_warmup", "capacity", "lengthscale",
-                 "noise_variance", "alpha", "delta", "min_steps_fraction", "dense_mass", "log_step_size")
+                 "noise_variance", "alpha", "delta", "min_steps_fraction", "dense_mass", "log_step_size",
+                 "warm_start_weight")
 
 
 # Config options of the JAX routes only: refused here rather than ignored.
@@ -328,7 +330,7 @@ def _pymc_tuning(tuning: dict, kwargs: dict, owner: str) -> tuple:
     return tuple(values[name] for name in _PYMC_OPTIONS)
 
 
-class AdaptiveHMC(BaseHMC):
+class AdaptiveHMC(WarmStartMixin, BaseHMC):
     """HMC with ``(eps, L)`` tuned by annealed GP-UCB while the chain runs.
 
     Parameters
@@ -440,17 +442,13 @@ class AdaptiveHMC(BaseHMC):
     pooled_step = False
 
     def __init__(self, vars=None, *, config=None, paper_preset=False, pooled=False, model=None, **kwargs):
-        if kwargs.get("warm_start") is not None:
-            raise ValueError(f"{type(self).__name__}: warm_start is not available in pm.sample's step methods yet; "
-                             "use ahmc.adapters.pymc.sample_numpyro_ahmc(..., warm_start=tuning_snapshot(idata)), "
-                             "the compiled route, or drop warm_start.")
-        kwargs.pop("warm_start", None)
+        warm_start = kwargs.pop("warm_start", None)
         tuning, kwargs = resolve_options({"config": config, "paper_preset": paper_preset, **kwargs}, type(self).__name__)
         (step_size_bounds, num_steps_bounds, round_length, objective, divergence_penalty, jump_estimate, schedule, k,
          decay, freeze_after, adapt_mass_matrix, initial_step_size, metric_fraction, step_size_factors,
          max_integration_time, warmup_integration_time, num_steps_cap, num_step_sizes, exploit_after_warmup,
          capacity, lengthscale, noise_variance, alpha, delta, min_steps_fraction, dense_mass,
-         log_step_size) = _pymc_tuning(tuning, kwargs, type(self).__name__)
+         log_step_size, warm_start_weight) = _pymc_tuning(tuning, kwargs, type(self).__name__)
         _check_step_options(type(self), kwargs)
         if not isinstance(pooled, (bool, np.bool_)):
             raise ValueError(f"pooled must be True or False; got {pooled!r}.")
@@ -531,6 +529,8 @@ class AdaptiveHMC(BaseHMC):
             self.step_adapt = DualAverageAdaptation(self.step_size, self.target_accept, 0.05, 0.75, 10)
         self._tuner_cache = self._settings_cache = (None, None)
         self._arm = None
+        self._cold_step_size = float(self.step_adapt.current(False))  # a failed warm start's restart
+        self._init_warm_start(warm_start, model, value_vars, warm_start_weight)
         self._reset_chain(tune=0)
 
     def _warmup_potential(self, dense_mass, adapt_mass_matrix):
@@ -568,6 +568,7 @@ class AdaptiveHMC(BaseHMC):
         self._reset_chain(tune)
         if isinstance(self.potential, _WarmupFullAdapt):
             self.potential.set_warmup(self._num_warmup)
+        self._setup_warm_check(int(tune))
 
     def _schedule(self):
         """``(k, freeze_after)`` of this chain's tuner (the plan's: k = rounds in tune unless given)."""
@@ -611,7 +612,7 @@ class AdaptiveHMC(BaseHMC):
         self._search_box = tuple(float(v) for v in (*eps_box, *l_box))  # Python numbers: a cheap cache key
         tuner = self._tuner()
         first = tuner.space.arm_index(eps_star, steps_for(self._warmup_time, eps_star, self._num_steps_cap))
-        self._tuner_state = tuner.init()._replace(arm=np.asarray(first, dtype=np.int32))
+        self._tuner_state = self._first_tuner_state(tuner, first)
         self._begin_rounds()
 
     def _begin_rounds(self):
@@ -623,6 +624,10 @@ class AdaptiveHMC(BaseHMC):
 
     # ---- one iteration ---------------------------------------------------------------------
     def astep(self, q0):
+        if self._check is not None:  # warm_start: the snapshot's check, at its metric and arm
+            q, stats = self._check_iteration(q0, self._warmup_iteration)
+            self._last_position = q.data
+            return q, [stats]
         if self._search_box is None and self._chain_iteration >= self._num_warmup:
             self._start_rounds()
         in_rounds = self._search_box is not None
@@ -642,6 +647,14 @@ class AdaptiveHMC(BaseHMC):
         self._check_tune_end(stats)
         self._chain_iteration += 1
         return q, [stats]
+
+    def _warmup_iteration(self, q0):
+        """One HMC iteration outside the rounds, with the warm-up's stats."""
+        q, (stats,) = super().astep(q0)
+        stats.update(self._used)
+        stats["dense_mass_matrix"] = getattr(self.potential, "kept_correlations", False)
+        stats.update(_WARMUP_STATS)
+        return q, stats
 
     def _metric_variances(self):
         """The variances the mass matrix in force assumes, per coordinate (None for a metric it does not adapt)."""

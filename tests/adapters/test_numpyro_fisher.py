@@ -130,7 +130,8 @@ def monte_carlo(family, num=200_000):
     return draws, transform.inv(draws), transform
 
 
-@pytest.mark.parametrize("name", sorted(LATENT_FAMILIES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "Beta(both)" else name
+                                  for name in sorted(LATENT_FAMILIES)])  # Beta(both): 20 s, Beta(concentration1) stays
 def test_latent_family_weights_equal_monte_carlo_averages(name):
     """G[theta, theta] - 1 = E[(d log p / d theta)^2] (Fisher information of the parent),
     G[u, u] = E[-d^2 log p_u / du^2] (the child's own curvature, Jacobian included), and for a
@@ -276,7 +277,7 @@ def hierarchical():
     numpyro.sample("x", dist.Normal(mu, s).expand([3]))
 
 
-@pytest.mark.parametrize("metric", ["fisher", "diagonal_fisher"])
+@pytest.mark.parametrize("metric", ["fisher", pytest.param("diagonal_fisher", marks=pytest.mark.slow)])
 def test_numpyro_kernel_samples_a_hierarchical_model(metric):
     """Exact marginals: s ~ HalfNormal(1) (log s checked: mean -(gamma + log 2)/2, sd pi/sqrt(8)),
     mu ~ N(0, 1), x_i ~ N(0, sd sqrt(2))."""
@@ -309,6 +310,7 @@ def conjugate():
     numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(3), s**2 * jnp.asarray(COVARIANCE)))
 
 
+@pytest.mark.slow  # 56 s; the families' weights are checked by Monte Carlo above, in the default suite
 def test_numpyro_kernel_samples_beta_inverse_gamma_uniform_laplace_and_multivariate_normal_sites():
     mcmc = MCMC(AdaptiveRMHMC(conjugate, metric="fisher"), num_warmup=500, num_samples=1500, num_chains=4,
                 chain_method="vectorized", progress_bar=False)

@@ -4,6 +4,8 @@ and a snapshot that does not fit falls back to the cold warm-up with a warning.
 Correctness as in test_blackjax.py: ESS-based z-scores against the exact moments (tests/reference.py).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from ahmc.adapters._jax_snapshot import WarmStartWarning  # noqa: E402
 from ahmc.adapters.blackjax import TuningSnapshot, gpucb_adaptation, run_chains, tuning_snapshot  # noqa: E402
+
+from ahmc.core import Config, search_space  # noqa: E402
 
 from ..reference import assert_moments_match  # noqa: E402
 
@@ -154,6 +158,7 @@ def test_numpyro_snapshot_fields_and_a_warm_refit(numpyro_fit, tmp_path):
     assert_moments_match(np.asarray(warm.get_samples(group_by_chain=True)["x"]), np.zeros(len(SCALES)), refit)
 
 
+@pytest.mark.slow  # 13 s; the vectorized route's refit is in the default suite
 def test_numpyro_sequential_chains_share_a_snapshot(numpyro_fit):
     from ahmc.adapters.numpyro import tuning_snapshot
 
@@ -213,9 +218,112 @@ def test_pymc_compiled_route_refits_from_its_datatree():
     warm = fit(refit, tune=250, warm_start=snapshot)
     draws = np.asarray(warm.posterior["x"].values)
     assert_moments_match(draws, np.zeros(len(SCALES)), refit)
-    with pytest.raises(ValueError, match="no 'ahmc_tuning_snapshot' attribute"):
+    with pytest.raises(ValueError, match="no AdaptiveHMC stats .or no ahmc_tuning_snapshot"):
         tuning_snapshot(warm["posterior"])
     with pm.Model():
         pm.Normal("y", 0.0, 1.0)
-        with pytest.raises(ValueError, match="warm_start is not available in pm.sample's step methods"):
+        with pytest.warns(WarmStartWarning, match="taken from another model"):
             AdaptiveHMC(warm_start=snapshot)
+
+
+# --------------------------------------------------------------------------- #
+# PyMC: pm.sample(step=AdaptiveHMC(warm_start=...)), the check inside tune
+# --------------------------------------------------------------------------- #
+
+LOG_S = (0.5, 0.4)  # s ~ LogNormal: its value variable s_log__ ~ N(0.5, 0.4), exactly
+
+
+def pymc_model(pm, scales):
+    """x ~ N(0, scales) then s ~ LogNormal: model order (x, s_log__), the JAX routes' sorted (s_log__, x)."""
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, np.asarray(scales), shape=len(scales))
+        pm.LogNormal("s", *LOG_S)
+    return model
+
+
+def pymc_sample(pm, model, step, **options):
+    with model:
+        return pm.sample(step=step, chains=2, random_seed=21, progressbar=False, compute_convergence_checks=False,
+                         **options)
+
+
+@pytest.fixture(scope="module")
+def pymc_fit():
+    pm = pytest.importorskip("pymc")
+    from ahmc.adapters.pymc import AdaptiveHMC, tuning_snapshot
+
+    model = pymc_model(pm, SCALES)
+    with model:
+        idata = pymc_sample(pm, model, AdaptiveHMC(), tune=600, draws=400, cores=1)
+        return pm, model, idata, tuning_snapshot(idata)
+
+
+def test_pymc_step_snapshot_reads_the_runs_stats_and_unconstrained_draws(pymc_fit):
+    _, _, idata, snapshot = pymc_fit
+    assert snapshot.coordinates == (("x", len(SCALES)), ("s_log__", 1)) and snapshot.source == "pymc"
+    log_s = np.log(np.asarray(idata.posterior["s"]))  # the log transform, applied by hand
+    np.testing.assert_allclose(snapshot.inverse_mass_matrix[-1], np.var(log_s, ddof=1), rtol=1e-10)
+    np.testing.assert_allclose(snapshot.positions[:, -1], log_s[:, -1], rtol=1e-10)
+    stats = idata.sample_stats
+    assert snapshot.arm == (float(stats.step_size[0, -1]), int(stats.max_steps[0, -1]))
+    assert snapshot.step_size == float(stats.step_size_bar[0, -1])
+    assert snapshot.gp_counts.sum() == np.isfinite(np.asarray(stats.reward[0])).sum() > 0
+
+
+def test_pymc_step_refits_from_a_snapshot_with_a_short_tune(pymc_fit):
+    from ahmc.adapters.pymc import AdaptiveHMC
+    from ahmc.core.snapshot import CHECK_ITERATIONS
+
+    pm, _, _, snapshot = pymc_fit
+    refit = SCALES * 1.1
+    model = pymc_model(pm, refit)
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)
+        idata = pymc_sample(pm, model, AdaptiveHMC(warm_start=snapshot), tune=200, draws=1000, cores=2,
+                            discard_tuned_samples=False)
+    warm = idata.warmup_sample_stats
+    # The check: its iterations run at the snapshot's arm; then the warm-up's own, and GP rounds within tune.
+    assert np.all(np.asarray(warm.step_size)[:, :CHECK_ITERATIONS] == snapshot.arm[0])
+    assert np.all(np.asarray(warm.max_steps)[:, :CHECK_ITERATIONS] == snapshot.arm[1])
+    assert np.asarray(warm.tuning_round)[:, -1].min() >= 3
+    # The GP rounds start at the snapshot's arm, placed in the new box by its unit coordinates.
+    first = int(np.argmax(np.asarray(warm.tuning_round)[0] == 1))
+    box = [np.asarray(warm[name])[0, first] for name in ("step_size_min", "step_size_max", "max_steps_min",
+                                                          "max_steps_max")]
+    space = search_space(tuple(box[:2]), (int(box[2]), int(box[3])), num_step_sizes=Config().box.num_step_sizes)
+    row = int(np.argmin(np.abs(space.step_size_unit - snapshot.arm_unit[0])))
+    col = int(np.argmin(np.abs(space.num_steps_unit - snapshot.arm_unit[1])))
+    assert (float(warm.step_size[0, first]), int(warm.max_steps[0, first])) == pytest.approx(
+        (space.step_sizes[row], space.num_steps[col]))
+    assert_moments_match(np.asarray(idata.posterior["x"]), np.zeros(len(SCALES)), refit)
+    assert_moments_match(np.log(np.asarray(idata.posterior["s"]))[..., None], [LOG_S[0]], [LOG_S[1]])
+
+
+def test_pymc_step_a_mismatched_snapshot_warns_and_the_run_is_still_right(pymc_fit):
+    from ahmc.adapters.pymc import AdaptiveHMC
+
+    pm, _, _, snapshot = pymc_fit
+    wider = SCALES * 30.0
+    model = pymc_model(pm, wider)
+    with model, pytest.warns(WarmStartWarning, match="rest of tune .* runs cold"):
+        idata = pymc_sample(pm, model, AdaptiveHMC(warm_start=snapshot), tune=1000, draws=1000, cores=1)
+    assert_moments_match(np.asarray(idata.posterior["x"]), np.zeros(len(SCALES)), wider)
+
+
+def test_pymc_step_warm_start_bad_input(pymc_fit):
+    from ahmc.adapters.pymc import AdaptiveHMC, AdaptiveRMHMC, PooledAdaptiveHMC, tuning_snapshot
+
+    pm, model, idata, snapshot = pymc_fit
+    with model:
+        for step in (PooledAdaptiveHMC, AdaptiveRMHMC):
+            with pytest.raises(ValueError, match="warm_start is not available here yet"):
+                step(warm_start=snapshot)
+        with pytest.raises(ValueError, match="drop potential= and scaling="):
+            AdaptiveHMC(warm_start=snapshot, scaling=np.ones(len(SCALES) + 1))
+        with pytest.raises(ValueError, match="no such file"):
+            AdaptiveHMC(warm_start="missing.json")
+        with pytest.raises(ValueError, match="no AdaptiveHMC stats"):
+            tuning_snapshot(idata["posterior"])
+        with pytest.warns(WarmStartWarning, match="tune=80 leaves no room"):
+            pm.sample(step=AdaptiveHMC(warm_start=snapshot), tune=80, draws=20, chains=1, progressbar=False,
+                      compute_convergence_checks=False)

@@ -11,6 +11,7 @@ from ahmc.core.snapshot import (
     MIN_ACCEPTANCE,
     TuningSnapshot,
     check_fit,
+    match_coordinates,
     prior_evidence,
 )
 
@@ -91,6 +92,25 @@ def test_the_check_refuses_a_low_acceptance_and_another_dimension():
     assert not other.fits and "another model" in other.reason and other.variance_ratio is None
     with pytest.raises(ValueError, match=r"\(chains, iterations, d\)"):
         check_fit(snap, np.zeros((10, DIM)), acceptance_rate=0.8)
+
+
+def test_named_coordinates_are_permuted_to_the_models_order_or_refused():
+    # Sorted names (the JAX routes' ravel order) against PyMC's model order: a (4,) block then a (2,) one.
+    dense = np.diag(VARIANCES) + 0.01 * np.add.outer(np.arange(DIM), np.arange(DIM))
+    named = snapshot(inverse_mass_matrix=dense, coordinates=(("a_log__", 2), ("x", 4)))
+    moved, reason = match_coordinates(named, (("x", 4), ("a_log__", 2)))
+    order = [2, 3, 4, 5, 0, 1]
+    assert reason == "" and moved.coordinates == (("x", 4), ("a_log__", 2))
+    np.testing.assert_array_equal(moved.inverse_mass_matrix, dense[np.ix_(order, order)])
+    np.testing.assert_array_equal(moved.positions, named.positions[:, order])
+    assert match_coordinates(named, (("a_log__", 2), ("x", 4)))[0] is named
+    assert match_coordinates(snapshot(), (("anything", DIM),))[0] is not None  # unnamed: the dimension only
+    gone, reason = match_coordinates(named, (("x", 4), ("b", 2)))
+    assert gone is None and "another model" in reason
+    assert "6 parameters" in match_coordinates(named, (("x", 4),))[1]
+    TuningSnapshot.from_json(moved.to_json())  # the names survive JSON
+    with pytest.raises(ValueError, match="do not add up"):
+        snapshot(coordinates=(("x", 4),))
 
 
 def test_prior_evidence_snaps_pools_and_caps_the_weights():
