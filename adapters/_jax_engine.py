@@ -348,12 +348,10 @@ def build_engine(
         super_transitions=super_transitions, pooled=pooled, round_end_fn=round_end_fn, initial_arm=initial_arm,
         jump_estimate=jump_estimate, kernel=kernel)
     objective_fn, jump_estimate, factors, metric_fraction = checked
-    auto_box = step_size_bounds is None
-    plan = plan_warmup(num_warmup, metric_fraction=metric_fraction, round_length=round_length,
-                       adapt_mass_matrix=adapt_mass_matrix, auto_box=auto_box, k=k, freeze_after=freeze_after)
-    use_center = needs_center(objective_fn)
-    _check_plan(plan, auto_box=auto_box, use_center=use_center, num_warmup=num_warmup,
-                metric_fraction=metric_fraction, objective=objective)
+    auto_box, use_center = step_size_bounds is None, needs_center(objective_fn)
+    plan = _checked_plan(num_warmup, metric_fraction=metric_fraction, round_length=round_length, auto_box=auto_box,
+                         adapt_mass_matrix=adapt_mass_matrix, k=k, freeze_after=freeze_after,
+                         use_center=use_center, objective=objective)
     space, initial_arm, box0 = _search_setup(
         auto_box, step_size_bounds, num_steps_bounds, factors, num_step_sizes, num_num_steps, log_step_size,
         max_integration_time, num_steps_cap, super_transitions, initial_arm)
@@ -381,12 +379,8 @@ def build_engine(
         auto_box=auto_box, user_num_steps=num_steps_bounds is not None, step_size_factors=factors,
         max_integration_time=max_integration_time, num_steps_cap=num_steps_cap,
         box_max_steps=2 * int(super_transitions) - 1 if super_transitions else None)
-    rounds = build_rounds(
-        tuner, pooled=pooled, log_grid=space.log_step_size or auto_box, by_trajectory=by_trajectory,
-        num_step_values=min(int(box0[1][1]), MAX_STEP_BINS) if by_trajectory else 0,
-        min_steps_fraction=min_steps_fraction, objective_fn=objective_fn, round_end_fn=round_end_fn,
-        exploit_after_warmup=exploit_after_warmup, num_warmup_rounds=plan.num_warmup_rounds,
-        super_transitions=super_transitions)
+    rounds = _rounds(tuner, space, box0, config, plan, round_end_fn=round_end_fn, super_transitions=super_transitions,
+                     exploit_after_warmup=exploit_after_warmup)
     parts = _Parts(
         config=config, logdensity_fn=logdensity_fn, chain_data=chain_data, plan=plan, pooled=bool(pooled), kernel=chain_kernel,
         warmup=warmup, rounds=rounds, tuner=tuner, box0=box0, inverse_mass_matrix=inverse_mass_matrix,
@@ -398,8 +392,20 @@ def build_engine(
                   tuner=tuner, config=config, scan_draws=partial(_scan_draws_of, parts))
 
 
-def _check_plan(plan, *, auto_box, use_center, num_warmup, metric_fraction, objective) -> None:
-    """The warm-up plan leaves a metric phase where the automatic box or a centred objective needs one."""
+def _rounds(tuner, space, box0, config, plan, **options):
+    """The GP rounds' steps (:func:`build_rounds`) for the engine's configuration."""
+    by_trajectory = config.jump_estimate == "trajectory"
+    return build_rounds(
+        tuner, pooled=config.pooled, log_grid=space.log_step_size or config.auto_box, by_trajectory=by_trajectory,
+        num_step_values=min(int(box0[1][1]), MAX_STEP_BINS) if by_trajectory else 0,
+        min_steps_fraction=config.min_steps_fraction, objective_fn=config.objective,
+        num_warmup_rounds=plan.num_warmup_rounds, **options)
+
+
+def _checked_plan(num_warmup, *, metric_fraction, auto_box, use_center, objective, **schedule):
+    """The warm-up plan (:func:`plan_warmup`), with a metric phase where the automatic box or a centred
+    objective needs one."""
+    plan = plan_warmup(num_warmup, metric_fraction=metric_fraction, auto_box=auto_box, **schedule)
     if auto_box and plan.metric_phase_length < 1:
         raise ValueError(
             "The automatic search box needs a metric (dual-averaging) phase: "
@@ -409,6 +415,7 @@ def _check_plan(plan, *, auto_box, use_center, num_warmup, metric_fraction, obje
         raise ValueError(
             f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
             f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
+    return plan
 
 
 def _gp_tuner(space, plan, *, noise_variance, **gp_options):

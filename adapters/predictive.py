@@ -316,23 +316,13 @@ def run_cross_validation(
         key_warm, logdensity_fn, x0, train_masks, metric_steps, target_acceptance_rate, max_tree_depth)
     _check_finite_warmup(eps_star)
     eps_ref = float(np.median(eps_star))
-    l_hi = int(min(max(math.ceil(max_integration_time / eps_ref), 2), num_steps_cap))
-    if super_transitions is not None:
-        l_hi = max(2, min(l_hi, 2 * int(super_transitions) - 1))  # every arm fits one transition
+    l_hi = _longest_arm(eps_ref, max_integration_time, num_steps_cap, super_transitions)
 
     # 2. GP rounds on the engine.  Each fold runs in its own whitened coordinates
     # z = x / (eps*_c sqrt(imm_c)): HMC on z with unit mass and step size f is HMC on x with
     # step size f eps*_c and the fold's mass matrix, so the engine's shared arm (f, L) in the
     # box f in step_size_factors is the shared step-size *factor* of every fold.
-    scales = jnp.asarray(eps_star, dtype)[:, None] * jnp.sqrt(jnp.asarray(imm, dtype))
-
-    def whitened_logdensity(z, data):
-        mask, scale = data
-        return logdensity_fn(scale * z, mask)
-
-    def to_position(z, chain):
-        return scales[chain] * z
-
+    scales, whitened_logdensity, to_position = _whitened(logdensity_fn, eps_star, imm, dtype)
     hook, hook_state = predictive_reward(predict_fn, loss, y, held_out, to_position, dtype)
     engine = build_engine(
         whitened_logdensity, num_warmup=num_warmup_rounds * round_length, step_size_bounds=(lo_f, hi_f),
@@ -344,12 +334,39 @@ def run_cross_validation(
     state = engine.init(positions / scales, key_init)
     state, rows, kept = _run_rounds(engine, state, key_rounds, num_warmup_rounds, num_sampling_rounds, scales,
                                     keep_warmup)
+    return _cross_validation_run(engine, state, rows, kept, held_out, eps_star, imm, warm_grads)
+
+
+def _whitened(logdensity_fn, eps_star, imm, dtype):
+    """``(scales, log density of z with data (mask, scale), z -> x of a chain)`` for ``x = scale * z``."""
+    scales = jnp.asarray(eps_star, dtype)[:, None] * jnp.sqrt(jnp.asarray(imm, dtype))
+
+    def whitened_logdensity(z, data):
+        mask, scale = data
+        return logdensity_fn(scale * z, mask)
+
+    def to_position(z, chain):
+        return scales[chain] * z
+
+    return scales, whitened_logdensity, to_position
+
+
+def _longest_arm(eps_ref, max_integration_time, num_steps_cap, super_transitions) -> int:
+    """The box's largest ``L``: the integration time at the folds' median step size, capped (with
+    ``super_transitions``, so that every arm fits one transition)."""
+    l_hi = int(min(max(math.ceil(max_integration_time / eps_ref), 2), num_steps_cap))
+    if super_transitions is not None:
+        l_hi = max(2, min(l_hi, 2 * int(super_transitions) - 1))
+    return l_hi
+
+
+def _cross_validation_run(engine, state, rows, kept, held_out, eps_star, imm, warm_grads) -> CrossValidationRun:
+    """The result: the rounds' draws (chains first), their history and the gradients of each phase."""
     history = {name: np.asarray([row[name] for row in rows]) for name in rows[0]}
-    positions_out = np.swapaxes(np.concatenate(kept, axis=0), 0, 1)
     gp_grads = history["num_gradients"]
     return CrossValidationRun(
-        positions=positions_out, held_out=held_out, history=history, step_size=np.asarray(eps_star),
-        inverse_mass_matrix=np.asarray(imm),
+        positions=np.swapaxes(np.concatenate(kept, axis=0), 0, 1), held_out=held_out, history=history,
+        step_size=np.asarray(eps_star), inverse_mass_matrix=np.asarray(imm),
         num_gradients={"metric_phase": float(np.mean(warm_grads)),
                        "gp_warmup": float(np.sum(gp_grads[history["is_warmup"]])),
                        "sampling": float(np.sum(gp_grads[~history["is_warmup"]]))},

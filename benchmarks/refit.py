@@ -1,4 +1,4 @@
-"""Refits with and without a warm start: ``python -m benchmarks.refit [--seeds 3] [--models pima,kidiq]``.
+"""Refits with and without a warm start: ``python -m benchmarks.refit [--seeds 3] [--models pima] [--route pymc]``.
 
 Each scenario fits a model (the logistic regressions Pima and breast cancer, posteriordb's kidiq linear
 regression) once (cold, the earlier fit), keeps its tuning snapshot
@@ -10,6 +10,10 @@ Reported per refit, the mean over seeds: warm-up gradients (the warm start's che
 seconds (compilation included: the new data are a new log density), the strict ESS (min over coordinates
 of min(bulk ESS of x, of (x - mean)^2)) per gradient and per second, the largest |z| of the warm run's
 means against the cold run's (both MCSEs), and the largest R-hat.  Uses only the public API.
+
+``--route pymc`` refits the logistic regressions with ``pm.sample(step=AdaptiveHMC(warm_start=...))``
+instead (4 chains, ``cores=2``; tune 1000 cold, 250 warm, the snapshot's check inside the warm tune),
+the snapshot read off the earlier fit's DataTree by ``ahmc.adapters.pymc.tuning_snapshot``.
 """
 
 from __future__ import annotations
@@ -97,13 +101,50 @@ def run(model, seed: int, num_warmup: int, warm_start=None) -> dict:
             "fell_back": int(warmup.sum(axis=1)[0]) != num_warmup}
 
 
-def compare(name: str, seeds: int) -> list[dict]:
+def pymc_scenarios(name: str, rng):
+    """The logistic regressions' scenarios as PyMC models (the same rows as :func:`scenarios`)."""
+    from .pymc_models import logistic_regression as pymc_logistic
+
+    X, y, _ = LOADERS[name]()
+    rows = rng.integers(0, len(y), len(y))
+    first = int(0.9 * len(y))
+    yield "bootstrap", pymc_logistic(X, y), pymc_logistic(X[rows], y[rows])
+    yield "+10% rows", pymc_logistic(X[:first], y[:first]), pymc_logistic(X, y)
+
+
+def run_pymc(model, seed: int, num_warmup: int, warm_start=None) -> dict:
+    """One ``pm.sample(step=AdaptiveHMC())`` fit, timed from the call (the step compiles the model in it)."""
+    import pymc as pm
+
+    from ahmc.adapters.pymc import AdaptiveHMC, tuning_snapshot as pymc_snapshot
+
+    start = time.perf_counter()
+    with model:
+        tree = pm.sample(draws=NUM_SAMPLES, tune=num_warmup, chains=NUM_CHAINS, cores=2, random_seed=seed,
+                         step=AdaptiveHMC(warm_start=warm_start), progressbar=False, discard_tuned_samples=False,
+                         compute_convergence_checks=False)
+    seconds = time.perf_counter() - start
+    posterior = tree["posterior"]
+    draws = np.concatenate([np.asarray(posterior[name]).reshape(NUM_CHAINS, NUM_SAMPLES, -1)
+                            for name in posterior.data_vars], axis=-1)
+    grads = {"warmup": float(np.asarray(tree["warmup_sample_stats"]["n_steps"]).sum()),
+             "sampling": float(np.asarray(tree["sample_stats"]["n_steps"]).sum())}
+    fell_back = warm_start is not None and bool(np.any(np.asarray(
+        tree["warmup_sample_stats"]["step_size"])[:, :CHECK_ITERATIONS] != warm_start.arm[0]))
+    with model:
+        snapshot = pymc_snapshot(tree)
+    return {"draws": draws, "seconds": seconds, "grads": grads, "ess": strict_ess(draws),
+            "rhat": float(split_rhat(draws).max()), "snapshot": snapshot, "fell_back": fell_back}
+
+
+def compare(name: str, seeds: int, route: str = "blackjax") -> list[dict]:
     rows = []
-    for label, earlier, refit in scenarios(name, np.random.default_rng(0)):
-        snapshot = run(earlier, 100, COLD_WARMUP)["snapshot"]
+    fit, cases = (run_pymc, pymc_scenarios) if route == "pymc" else (run, scenarios)
+    for label, earlier, refit in cases(name, np.random.default_rng(0)):
+        snapshot = fit(earlier, 100, COLD_WARMUP)["snapshot"]
         per_seed = []
         for seed in range(seeds):
-            cold, warm = run(refit, seed, COLD_WARMUP), run(refit, seed, WARM_WARMUP, warm_start=snapshot)
+            cold, warm = fit(refit, seed, COLD_WARMUP), fit(refit, seed, WARM_WARMUP, warm_start=snapshot)
             z = (warm["draws"].mean(axis=(0, 1)) - cold["draws"].mean(axis=(0, 1))) / np.hypot(
                 mcse(warm["draws"]), mcse(cold["draws"]))
             per_seed.append((cold, warm, float(np.abs(z).max())))
@@ -142,10 +183,12 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--models", default="pima,breast_cancer,kidiq")
+    parser.add_argument("--models", default=None, help="default: pima,breast_cancer,kidiq (pymc: no kidiq)")
+    parser.add_argument("--route", choices=("blackjax", "pymc"), default="blackjax")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
-    rows = [row for name in args.models.split(",") for row in compare(name, args.seeds)]
+    models = args.models or ("pima,breast_cancer" if args.route == "pymc" else "pima,breast_cancer,kidiq")
+    rows = [row for name in models.split(",") for row in compare(name, args.seeds, args.route)]
     print(table(rows))
 
 

@@ -17,8 +17,10 @@ Needs the ``pymc`` and ``numpyro`` extras.  PyMC's own JAX sampling helpers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,7 +44,9 @@ from ..diagnostics import CONFIG_ATTR, FREE_VARS_ATTR, config_from_numpyro  # no
 from ..numpyro import TUNER_FIELDS, AdaptiveHMC, AdaptiveRMHMC, tuning_snapshot as _numpyro_snapshot  # noqa: E402
 from ._step import refuse_discrete  # noqa: E402
 
-from ._snapshot import SNAPSHOT_ATTR  # noqa: E402
+from ahmc.core.snapshot import WarmStartWarning, load_snapshot, match_coordinates  # noqa: E402
+
+from ._snapshot import SNAPSHOT_ATTR, value_coordinates  # noqa: E402
 
 __all__ = ["sample_numpyro_ahmc", "jax_logdensity"]
 
@@ -111,8 +115,35 @@ def _root_attrs(mcmc, model, riemannian: bool) -> dict:
     attrs = {CONFIG_ATTR: config_from_numpyro(mcmc).to_json(),
              FREE_VARS_ATTR: json.dumps([rv.name for rv in model.free_RVs])}
     if not riemannian:
-        attrs[SNAPSHOT_ATTR] = _numpyro_snapshot(mcmc).to_json()
+        # named by the model's value variables (the kernel's list position has no names)
+        snapshot = _numpyro_snapshot(mcmc)
+        attrs[SNAPSHOT_ATTR] = dataclasses.replace(
+            snapshot, coordinates=value_coordinates(model, model.value_vars)).to_json()
     return attrs
+
+
+def _check_arguments(model, **counts) -> None:
+    """Errors for a model this route cannot sample and for bad ``draws``, ``tune``, ``chains``."""
+    refuse_discrete(model.value_vars, "sample_numpyro_ahmc",
+                    "Marginalize them out (pymc_extras.marginalize), or use pm.sample(step=[AdaptiveHMC(vars=...), "
+                    "pm.Metropolis(vars=...)]) with a compound step.")
+    if not model.value_vars:
+        raise ValueError("The model has no free variables to sample.")
+    for name, value in counts.items():
+        if int(value) != value or value < (0 if name == "tune" else 1):
+            raise ValueError(f"`{name}` must be a {'non-negative' if name == 'tune' else 'positive'} integer, "
+                             f"got {value!r}.")
+
+
+def _in_model_order(warm_start, model):
+    """The snapshot in the model's value-variable order, unnamed (the kernel's position is a list in that
+    order), or None after a ``WarmStartWarning`` when it holds another model's variables."""
+    snapshot, reason = match_coordinates(load_snapshot(warm_start), value_coordinates(model, model.value_vars))
+    if snapshot is None:
+        warnings.warn(f"sample_numpyro_ahmc: warm_start not used: {reason}. The warm-up runs cold; give tune=1000.",
+                      WarmStartWarning, stacklevel=3)
+        return None
+    return dataclasses.replace(snapshot, coordinates=())
 
 
 def sample_numpyro_ahmc(
@@ -163,15 +194,9 @@ def sample_numpyro_ahmc(
     ...     idata = sample_numpyro_ahmc(draws=1000, tune=1000, chains=4, random_seed=1)
     """
     model = modelcontext(model)
-    refuse_discrete(model.value_vars, "sample_numpyro_ahmc",
-                    "Marginalize them out (pymc_extras.marginalize), or use pm.sample(step=[AdaptiveHMC(vars=...), "
-                    "pm.Metropolis(vars=...)]) with a compound step.")
-    if not model.value_vars:
-        raise ValueError("The model has no free variables to sample.")
-    for name, value in (("draws", draws), ("tune", tune), ("chains", chains)):
-        if int(value) != value or value < (0 if name == "tune" else 1):
-            raise ValueError(f"`{name}` must be a {'non-negative' if name == 'tune' else 'positive'} integer, "
-                             f"got {value!r}.")
+    _check_arguments(model, draws=draws, tune=tune, chains=chains)
+    if options.get("warm_start") is not None:
+        options["warm_start"] = _in_model_order(options["warm_start"], model)
     logdensity_fn = jax_logdensity(model)
     kernel_class = AdaptiveRMHMC if riemannian else AdaptiveHMC
     kernel = kernel_class(potential_fn=lambda position: -logdensity_fn(position), **options)

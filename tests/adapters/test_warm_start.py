@@ -149,6 +149,7 @@ def test_numpyro_snapshot_fields_and_a_warm_refit(numpyro_fit, tmp_path):
     model, mcmc = numpyro_fit
     snapshot = tuning_snapshot(mcmc)
     assert snapshot.source == "numpyro" and snapshot.positions.shape == (NUM_CHAINS, len(SCALES))
+    assert snapshot.coordinates == (("x", len(SCALES)),)  # the value variables' names, for the step route too
     np.testing.assert_allclose(snapshot.variances / SCALES**2, 1.0, rtol=0.5)
     last = mcmc.last_state
     assert snapshot.arm == (pytest.approx(float(last.step_size[0])), int(last.max_steps[0]))
@@ -214,6 +215,7 @@ def test_pymc_compiled_route_refits_from_its_datatree():
     cold = fit(SCALES, tune=1000)
     snapshot = tuning_snapshot(cold)
     assert snapshot.source == "numpyro" and snapshot.positions.shape == (NUM_CHAINS, len(SCALES))
+    assert snapshot.coordinates == (("x", len(SCALES)),)  # the value variables' names, for the step route too
     refit = SCALES * 1.1
     warm = fit(refit, tune=250, warm_start=snapshot)
     draws = np.asarray(warm.posterior["x"].values)
@@ -224,6 +226,14 @@ def test_pymc_compiled_route_refits_from_its_datatree():
         pm.Normal("y", 0.0, 1.0)
         with pytest.warns(WarmStartWarning, match="taken from another model"):
             AdaptiveHMC(warm_start=snapshot)
+        with pytest.warns(WarmStartWarning, match="sample_numpyro_ahmc: warm_start not used"):
+            sample_numpyro_ahmc(draws=10, tune=10, chains=1, progressbar=False, warm_start=snapshot)
+    with pm.Model(), warnings.catch_warnings():  # the compiled route's snapshot starts the step
+        warnings.simplefilter("error", WarmStartWarning)
+        pm.Normal("x", 0.0, refit, shape=len(SCALES))
+        tree = pm.sample(step=AdaptiveHMC(warm_start=snapshot), tune=150, draws=1000, chains=2, cores=1,
+                         random_seed=3, progressbar=False, compute_convergence_checks=False)
+    assert_moments_match(np.asarray(tree.posterior["x"]), np.zeros(len(SCALES)), refit)
 
 
 # --------------------------------------------------------------------------- #
