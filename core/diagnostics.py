@@ -733,7 +733,9 @@ def tuning_warnings(history: TuningHistory) -> list[str]:
         divergent = float(np.mean(history.trace.is_divergent[list(chains)][mask])) if mask.any() else 0.0
         if divergent > MAX_DIVERGENT:
             out.append(f"{who}{100 * divergent:.1f}% of transitions diverged: the step sizes are too large in some "
-                       "region. Lower the step-size box, more warm-up, or reparameterize the model.")
+                       "region. Lower the step-size box, more warm-up, or reparameterize the model (non-centred). "
+                       "Where the posterior's scale changes with position (a funnel, a centred hierarchy), try the "
+                       "Riemannian route, AdaptiveRMHMC(metric=\"fisher\") (docs/rmhmc.md), whose metric follows it.")
         if _has_box(history.config):
             out.extend(who + message for message in _edge_warnings(history, t))
     return out
