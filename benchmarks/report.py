@@ -374,7 +374,7 @@ def write_report(json_path: str | Path) -> Path:
         f"# Benchmark report: AHMC against NUTS ({results['mode']} mode)",
         "",
         f"Command: `{env['command']}` ({env['date_utc']}, seed {env['seed']}, {settings['dtype']}, "
-        f"{settings['num_chains']} chains per sampler except ChEES), on {env['cpu_model']} with "
+        f"{settings['num_chains']} chains per sampler except ChEES and MEADS), on {env['cpu_model']} with "
         f"{env['nproc']} CPU cores shared with other jobs; git {str(env['git_commit'])[:10]}. "
         + (f"Total {_total_s(results) / 60:.0f} min.{_earlier_note(env)}" if complete else
            "**The run was interrupted**: models not started: "
@@ -383,7 +383,8 @@ def write_report(json_path: str | Path) -> Path:
         f"Numbers: `{json_path.name}`; the full per-run table (ESS/s, compile times, divergences) is "
         f"`{json_path.with_suffix('.md').name}`. ESS per gradient = bulk ESS (ArviZ) per leapfrog step of the "
         "sampling phase, the paper's ESS/L. Per chain: each chain's ESS over its own gradients. "
-        f"ChEES runs {_chees_chains(results)}; its ESS pools them and its gradients count them all.",
+        f"ChEES runs {_chees_chains(results)}; its ESS pools them and its gradients count them all. MEADS "
+        "(BlackJAX's generalized HMC, one gradient per iteration) runs as many chains, in 4 folds.",
         "",
         "## Targets (issue 8), met or missed",
         "",

@@ -42,6 +42,7 @@ __all__ = [
     "run_ahmc_pymc",
     "run_blackjax_nuts",
     "run_chees",
+    "run_meads",
     "run_numpyro_nuts",
     "run_nutpie",
     "run_pymc_nuts",
@@ -534,6 +535,72 @@ def run_chees(rng_key, model, positions, num_warmup, num_samples, **options) -> 
 
 
 # --------------------------------------------------------------------------- #
+# BlackJAX MEADS (generalized HMC, many chains)
+# --------------------------------------------------------------------------- #
+
+
+def run_meads(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """BlackJAX MEADS (Hoffman & Sountsov 2022): ``blackjax.meads_adaptation`` over ``num_chains`` chains
+    in 4 folds (its default), then ``blackjax.ghmc`` with the adapted step size, diagonal momentum
+    scale, persistence ``alpha`` and slice shift ``delta``.
+
+    GHMC takes one leapfrog step per iteration, so a chain's gradients are its iterations; MEADS's warm-up
+    evaluates every chain at every step (the frozen fold's move is discarded), and all count.  The ESS pools
+    the chains, as for ChEES.  Options: ``num_chains`` (default as ChEES's, a multiple of the folds), the rest
+    go to ``meads_adaptation``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    import blackjax
+    from blackjax.adaptation.base import get_filter_adapt_info_fn
+
+    options = dict(options)
+    num_folds = int(options.setdefault("num_folds", 4))
+    num_chains = int(options.pop("num_chains", chees_num_chains(num_samples, model.dim)))
+    num_chains = max(num_folds, num_chains - num_chains % num_folds)
+    start = jnp.asarray(_more_positions(model, positions, num_chains))
+    logdensity_fn = model.logdensity_fn
+    warmup = blackjax.meads_adaptation(logdensity_fn, num_chains,
+                                       adaptation_info_fn=get_filter_adapt_info_fn(info_keys={"is_divergent"}),
+                                       **options)
+    warm_key, sample_key = jax.random.split(rng_key)
+    clock = CompileClock()
+    with clock.phase("warmup"):
+        (states, parameters), info = warmup.run(warm_key, start, num_warmup)
+        states, div_warmup = _block((states, jnp.sum(info.info.is_divergent, axis=0)))
+
+    def sample_all(key, states):
+        ghmc = blackjax.ghmc(logdensity_fn, **parameters)
+
+        def body(states, step_key):
+            states, info = jax.vmap(ghmc.step)(jax.random.split(step_key, num_chains), states)
+            return states, (states.position, info.is_divergent, info.acceptance_rate)
+
+        _, out = jax.lax.scan(body, states, jax.random.split(key, num_samples))
+        return out
+
+    with clock.phase("sampling"):
+        sample_compiled = jax.jit(sample_all).lower(sample_key, states).compile()
+        draws, divergent, acceptance = clock.execute(sample_compiled, sample_key, states)
+    return SamplerRun(
+        draws=np.swapaxes(np.asarray(draws), 0, 1),
+        num_grads_warmup=np.full(num_chains, float(num_warmup)),
+        num_grads_sampling=np.full(num_chains, float(num_samples)),
+        num_divergent_warmup=np.asarray(div_warmup),
+        num_divergent_sampling=np.asarray(divergent).sum(axis=0),
+        timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
+        extra={
+            "num_chains": num_chains,
+            "step_size": float(parameters["step_size"]),
+            "alpha": float(parameters["alpha"]),
+            "delta": float(parameters["delta"]),
+            "mean_acceptance": _as_float_list(np.asarray(acceptance).mean(axis=0)),
+        },
+    )
+
+
+# --------------------------------------------------------------------------- #
 # PyMC: ahmc's step method, PyMC's NUTS, nutpie
 # --------------------------------------------------------------------------- #
 #
@@ -931,6 +998,7 @@ SAMPLERS: dict[str, Runner] = {
     "pymc_nuts": run_pymc_nuts,
     "nutpie": run_nutpie,
     "chees": run_chees,
+    "meads": run_meads,
     "armhmc": run_armhmc,
     **DENSE_SAMPLERS,
     **BY_NAME_SAMPLERS,

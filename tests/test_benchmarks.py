@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import metrics, models, run
 
-from .reference import time_major
+from .reference import assert_moments_match, time_major
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -453,6 +453,22 @@ def test_chees_runner_counts_every_chain():
     assert np.all(out.num_grads_warmup >= 60) and np.all(out.num_grads_sampling >= 30)
     assert out.extra["num_chains"] == 4 and out.extra["step_size"] > 0
     assert out.timing["compile_s"] > 0 and not out.timing["sampling_time_estimated"]
+
+
+def test_meads_runner_counts_every_chain_and_samples_the_target():
+    """MEADS through the runner contract: 16 chains in its 4 folds (with 2 chains per fold its step size
+    collapses), one gradient per chain and iteration."""
+    pytest.importorskip("blackjax")
+    model = models.get_model("std_gauss_10")  # corr_gauss_2 (correlation 0.99) mixes slowly with its diagonal
+    positions = models.initial_positions(model, 2, seed=0).astype(np.float32)
+    import jax
+
+    with jax.enable_x64(False):
+        out = run.SAMPLERS["meads"](jax.random.key(0), model, positions, 400, 500, num_chains=16)
+    assert out.draws.shape == (16, 500, 10) and np.all(np.isfinite(out.draws))
+    assert np.all(out.num_grads_warmup == 400) and np.all(out.num_grads_sampling == 500)
+    assert out.extra["num_chains"] == 16 and out.extra["step_size"] > 0 and 0 < out.extra["alpha"] <= 1
+    assert_moments_match(out.draws, model.mean, model.sd, min_ess=100)
 
 
 def test_chees_runs_fewer_chains_only_where_their_draws_would_not_fit():
