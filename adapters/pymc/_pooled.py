@@ -10,7 +10,11 @@ import weakref
 
 import numpy as np
 from pymc.step_methods.arraystep import PopulationArrayStepShared
+from pymc.progress_bar.rich_progress import CustomProgress
+from pymc.sampling import population
 from pymc.step_methods.step_sizes import DualAverageAdaptation
+from rich.progress import ProgressColumn
+from rich.text import Text
 
 from ._step import AdaptiveHMC, _LeapfrogReusingStart, _samples_every_variable, _WarmupDiagAdapt
 
@@ -26,6 +30,36 @@ class _ChainPool:
         self.tuner_state = self.search_box = None
         self.eps_star = {}  # chain -> its dual-averaged step size at the end of the metric phase
         self.round_rewards, self.round_stats = [], []  # this round's, in chain order
+        self.progress = {}  # the progress bar's columns: divergences per chain, the shared arm
+
+
+#: The pool of the pooled run about to sample: linked by chain 0, taken by the next progress bar.
+_LIVE_POOL: list = [None]
+
+
+class _PoolColumn(ProgressColumn):
+    """A progress-bar column read off the running pooled step: PyMC's population sampler draws a bare bar
+    (description, bar, time) and passes no stats to it."""
+
+    def __init__(self, pool, text):
+        super().__init__()
+        self.pool, self.text = pool, text
+
+    def render(self, task):
+        return Text(self.text(self.pool.progress) if self.pool.progress else "")
+
+
+def _population_progress(*args, **kwargs):
+    """PyMC's population progress bar, with NUTS's columns (divergences, step size) and the arm's ``L`` while
+    a pooled ahmc step samples."""
+    pool, _LIVE_POOL[0] = _LIVE_POOL[0], None
+    if pool is None:
+        return CustomProgress(*args, **kwargs)
+    columns = (*CustomProgress.get_default_columns(),
+               _PoolColumn(pool, lambda p: f"divergences {sum(p['divergences'].values())}"),
+               _PoolColumn(pool, lambda p: f"step size {p['step_size']:.3f}"),
+               _PoolColumn(pool, lambda p: f"L {p['max_steps']}"))
+    return CustomProgress(*columns, *args, **kwargs)
 
 
 class _SharedDualAverage(DualAverageAdaptation):
@@ -152,6 +186,7 @@ class _PooledChains:
         self.other_chains = [c for c in range(len(population)) if c != chain_index]
         if chain_index == 0:  # a new run: chain 0 is linked first
             self._pool.reset(len(population), self.rng.spawn(1)[0])
+            _LIVE_POOL[0] = self._pool
         self.step_adapt.num_chains = len(population)
         if self._shared_potential:
             self.potential.num_chains = len(population)
@@ -179,8 +214,13 @@ class _PooledChains:
 
     def astep(self, q0):
         result = super().astep(q0)
-        if self._chain_iteration == self._num_warmup and self.population is not None:  # the metric phase ended
-            self._pool.eps_star[self.this_chain] = float(self.step_adapt.current(False))
+        if self.population is not None:
+            if self._chain_iteration == self._num_warmup:  # the metric phase ended
+                self._pool.eps_star[self.this_chain] = float(self.step_adapt.current(False))
+            stats = result[1][0]
+            progress = self._pool.progress.setdefault("divergences", {})
+            progress[self.this_chain] = int(stats["divergences"])
+            self._pool.progress.update(step_size=float(stats["step_size"]), max_steps=int(stats["max_steps"]))
         return result
 
     def _end_round(self, reward, stats):
@@ -214,3 +254,6 @@ class PooledAdaptiveHMC(_PooledChains, AdaptiveHMC, PopulationArrayStepShared):
 
 
 logging.getLogger("pymc.sampling.population").addFilter(_PooledCoresAdvice())
+# PyMC's population sampler builds its bar from this name; the factory adds the columns only while a
+# pooled ahmc run samples (DEMetropolis and other population steps keep PyMC's bar).
+population.CustomProgress = _population_progress

@@ -668,3 +668,28 @@ def test_pooled_step_replaces_pymcs_cores_advice(caplog):
     messages = [record.getMessage() for record in caplog.records]
     assert POOLED_CORES_MESSAGE in messages
     assert not any(m.startswith("Chains are not parallelized") for m in messages)
+
+
+def test_pooled_progress_bar_shows_divergences_step_size_and_L(monkeypatch):
+    """PyMC's population sampler draws a bare bar; with PooledAdaptiveHMC it gets the tuner's columns,
+    and other population steps keep PyMC's own."""
+    from pymc.sampling import population
+    from rich.console import Console
+
+    consoles = []
+    factory = population.CustomProgress
+
+    def recording(*args, **kwargs):
+        consoles.append(Console(record=True, force_terminal=True, width=200))
+        return factory(*args, console=consoles[-1], **kwargs)
+
+    monkeypatch.setattr(population, "CustomProgress", recording)
+    with gaussian_model():
+        step = PooledAdaptiveHMC()
+        pm.sample(step=step, tune=60, draws=20, chains=2, cores=1, progressbar=True, random_seed=1,
+                  compute_convergence_checks=False)
+        text = consoles[-1].export_text()
+        assert f"L {step._pool.progress['max_steps']}" in text and "step size" in text and "divergences" in text
+        pm.sample(step=pm.DEMetropolis(), tune=20, draws=20, chains=3, cores=1, progressbar=True, random_seed=1,
+                  compute_convergence_checks=False)
+        assert "step size" not in consoles[-1].export_text()
