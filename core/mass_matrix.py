@@ -114,3 +114,21 @@ def resolve_metric_recipe(metric_recipe, dense_mass, adapt_mass_matrix=True):
         raise ValueError(f"metric_recipe={metric_recipe!r} sets the matrix's form itself; dense_mass={dense_mass!r} "
                          "contradicts it. Give one of the two (dense_mass=True is metric_recipe='welford_dense').")
     return metric_recipe, dense
+
+
+# At stationarity var(x_i) * E[g_i^2] >= 1 for every coordinate, g = grad log p (the Cramer-Rao bound
+# for a shift of x_i alone).  A window whose product is far below 1 has not explored x_i's scale yet
+# (a far start, or sds 1e-6 and 1e6 under an identity metric), so its sample variance is too small.
+UNEXPLORED_PRODUCT = 1e-2
+
+
+def rescue_unexplored(variance, draw_variance, grad_variance, grad_mean_square, xp=np):
+    """``variance`` with every coordinate the draws have not explored replaced by ``sqrt(var x / var g)``.
+
+    That is nutpie's estimate from draws and gradients together: exact for a Gaussian however little the
+    chain has moved, since there ``var g = var x / sigma^4``.  Coordinates that pass the bound above, or
+    whose gradient does not vary, keep ``variance``.
+    """
+    unexplored = (draw_variance * grad_mean_square < UNEXPLORED_PRODUCT) & (grad_variance > 0) & (draw_variance > 0)
+    fisher = xp.sqrt(xp.where(unexplored, draw_variance, 1.0) / xp.where(unexplored, grad_variance, 1.0))
+    return xp.where(unexplored, xp.maximum(fisher, variance), variance)

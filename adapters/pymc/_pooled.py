@@ -92,6 +92,7 @@ class _SharedDiagAdapt(_WarmupDiagAdapt):
         self._calls = 0
 
     def update(self, sample, grad, tune):
+        self.metric_moved = False
         if not (tune and self.is_adapting):
             return
         self._calls += 1
@@ -100,6 +101,7 @@ class _SharedDiagAdapt(_WarmupDiagAdapt):
         if self._n_samples > self._discard_window:  # the others only add their draws, as that update does
             self._foreground_var.add_sample(sample)
             self._background_var.add_sample(sample)
+            self._add_to_windows(sample, grad)
 
 
 POOLED_CORES_MESSAGE = ("PooledAdaptiveHMC steps the chains together in one process with one shared tuner, so "

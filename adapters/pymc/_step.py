@@ -38,6 +38,8 @@ from pymc.step_methods.hmc.quadpotential import (  # noqa: E402
     QuadPotentialFull,
     QuadPotentialFullAdapt,
     QuadPotentialFullAdaptState,
+    WeightedVarianceState,
+    _WeightedVariance,
 )
 from pymc.step_methods.state import dataclass_state  # noqa: E402
 from pymc.step_methods.step_sizes import DualAverageAdaptation  # noqa: E402
@@ -50,7 +52,8 @@ from ahmc.core.options import check_option_names, whole_number_pair  # noqa: E40
 from ahmc.core.objectives import (DEFAULT_DIVERGENCE_PENALTY, NONFINITE_REWARD_MESSAGE, get_objective,
                                   needs_center, round_arrays, round_init, round_update, step_jumps_estimate,
                                   step_jumps_init, step_jumps_update)
-from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, prefers_dense, resolve_metric_recipe, shrink_correlations
+from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, prefers_dense, rescue_unexplored,
+                                   resolve_metric_recipe, shrink_correlations)
 from ahmc.core.space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, check_min_steps_fraction,
                              min_num_steps)
 from ahmc.core.tuner import adapt_probability
@@ -113,19 +116,76 @@ STATS = (
 @dataclass_state
 class _WarmupDiagAdaptState(QuadPotentialDiagAdaptState):
     is_adapting: bool
+    _draws_foreground: WeightedVarianceState
+    _grads_foreground: WeightedVarianceState
+    _draws_background: WeightedVarianceState
+    _grads_background: WeightedVarianceState
+    _step_size_var: np.ndarray
+    metric_moved: bool
+
+
+# A variance that moved this much (log 10) since dual averaging last started leaves its step size far
+# off: PyMC's first estimate replaces the identity after 101 draws, and dual averaging, which never
+# restarts in PyMC, would carry the identity's step size (1e-3 of the right one on sds 1e-6 and 1e6)
+# into the rounds.  The step restarts it then, as Stan does after every window.
+METRIC_MOVE = math.log(10.0)
+# Fewest metric-phase iterations a restarted dual averaging needs to settle; later moves keep it running.
+MIN_RESTART_ITERATIONS = 20
 
 
 class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
-    """PyMC's diagonal mass-matrix adaptation with an off switch for the GP rounds."""
+    """PyMC's diagonal mass-matrix adaptation with an off switch for the GP rounds, and a rescue for
+    coordinates the window's draws have not explored (:func:`ahmc.core.mass_matrix.rescue_unexplored`).
+
+    PyMC's estimate is the draws' variance alone; one chain that starts with an identity metric on sds
+    1e-6 and 1e6 moves the wide coordinate so little in a short metric phase that the estimate stays
+    near 1 (measured: sd 0.037 of 1e6 after 300 tune).  Gradients at the same draws give the scale.
+    """
 
     _state_class = _WarmupDiagAdaptState
 
     def reset(self):
         super().reset()
         self.is_adapting = True
+        # Unweighted draws and gradients of PyMC's foreground and background windows
+        self._draws_foreground, self._grads_foreground = self._new_window()
+        self._draws_background, self._grads_background = self._new_window()
+        self._step_size_var, self.metric_moved = self._var.copy(), False
+
+    def _new_window(self):
+        return _WeightedVariance(self._n, dtype=self.dtype), _WeightedVariance(self._n, dtype=self.dtype)
 
     def update(self, sample, grad, tune):
-        super().update(sample, grad, tune and self.is_adapting)
+        adapting = tune and self.is_adapting
+        count, window = self._n_samples, self.adaptation_window
+        super().update(sample, grad, adapting)
+        self.metric_moved = False
+        if not adapting:
+            return
+        if count > self._discard_window:  # the draws PyMC's windows take
+            self._add_to_windows(sample, grad)
+        if (self._early_update or count > window) and self._draws_foreground.n_samples > 1:  # PyMC set _var
+            self._rescue_unexplored()
+        if count > 0 and count % window == 0:  # PyMC's background window became the foreground
+            self._draws_foreground, self._grads_foreground = self._draws_background, self._grads_background
+            self._draws_background, self._grads_background = self._new_window()
+        if np.max(np.abs(np.log(self._var / self._step_size_var))) > METRIC_MOVE:
+            self._step_size_var, self.metric_moved = self._var.copy(), True
+
+    def _add_to_windows(self, sample, grad):
+        for accumulator, value in ((self._draws_foreground, sample), (self._grads_foreground, grad),
+                                   (self._draws_background, sample), (self._grads_background, grad)):
+            accumulator.add_sample(value)
+
+    def _rescue_unexplored(self):
+        draws, grads = self._draws_foreground, self._grads_foreground
+        grad_variance = grads.current_variance()
+        variance = rescue_unexplored(self._var, draws.current_variance(), grad_variance,
+                                     grad_variance + grads.mean ** 2)  # (PyMC's current_mean fails on numpy 2)
+        self._var = np.clip(variance, 1e-12, 1e12).astype(self.dtype)  # PyMC's own clip
+        np.sqrt(self._var, out=self._stds)
+        np.divide(1, self._stds, out=self._inv_stds)
+        self._var_pytensor.set_value(self._var)
 
 
 @dataclass_state
@@ -563,7 +623,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
     def setup_chain(self, rng, tune, draws):
         super().setup_chain(rng, tune, draws)
         self.integrator.new_chain()  # a new chain (perhaps with new data): evaluate its start afresh
-        self.step_adapt.reset()
+        self._restart_step_size(self._cold_step_size)  # (a previous chain may have restarted it elsewhere)
         self.potential.reset()
         self._reset_chain(tune)
         if isinstance(self.potential, _WarmupFullAdapt):
@@ -639,6 +699,9 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         q, (stats,) = super().astep(q0)
         stats.update(self._used)  # the step size actually used (step_adapt's stats overwrote it)
         stats["dense_mass_matrix"] = getattr(self.potential, "kept_correlations", False)
+        if getattr(self.potential, "metric_moved", False) and not in_rounds \
+                and self._chain_iteration < self._num_warmup - MIN_RESTART_ITERATIONS:
+            self._restart_step_size(self.step_adapt.current(True))
         self._round_reward = None
         stats.update(self._record_round(q0.data, q.data, stats) if in_rounds else _WARMUP_STATS)
         if self._round_reward is not None:  # the round ended: score its arm
@@ -666,21 +729,28 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
 
     def _scale_mismatch_warning(self):
         """A warning when the draws of tune's GP rounds (metric fixed) spread far more than the mass matrix
-        assumes: the metric phase did not find the posterior's scale (e.g. sds 1e-6 and 1e6 in one model)."""
+        assumes, or far less than their gradients allow (:data:`ahmc.core.mass_matrix.UNEXPLORED_PRODUCT`):
+        the metric phase did not find the posterior's scale (e.g. sds 1e-6 and 1e6 in one model)."""
         moments, assumed = self._tune_round_moments, self._metric_variances()
         if moments is None or assumed is None or moments[0] < 20:
             return None
-        count, total, squares = moments
-        ratio = (squares / count - (total / count) ** 2) / assumed
-        worst = int(np.argmax(ratio))
-        if not ratio[worst] > SCALE_MISMATCH_RATIO:
+        count, total, squares, grad_squares = moments
+        variance = squares / count - (total / count) ** 2
+        ratio, product = variance / assumed, variance * grad_squares / count
+        wide, narrow = int(np.argmax(ratio)), int(np.argmin(product))
+        if ratio[wide] > SCALE_MISMATCH_RATIO:
+            seen = f"draws vary {ratio[wide]:.3g} times more than its mass matrix assumes (flat coordinate {wide})"
+        elif product[narrow] < UNEXPLORED_PRODUCT and np.any(grad_squares > 0):
+            seen = (f"draws have explored about {math.sqrt(product[narrow]):.2g} of the scale their gradients show "
+                    f"(flat coordinate {narrow}: var(x) * E[grad^2] = {product[narrow]:.2g}, at least 1 for draws "
+                    "from the posterior)")
+        else:
             return None
         return SamplerWarning(
             WarningType.BAD_PARAMS,
-            f"AdaptiveHMC: at the end of tune this chain's draws vary {ratio[worst]:.3g} times more than its mass "
-            f"matrix assumes (flat coordinate {worst}): the warm-up did not find the posterior's scale, and the draws "
-            "explore it too slowly to be trusted (low ESS). Give more tune, use PooledAdaptiveHMC (the chains' pooled "
-            "estimate starts from their spread), or pass scaling= with the posterior variances.",
+            f"AdaptiveHMC: at the end of tune this chain's {seen}: the warm-up did not find the posterior's scale, "
+            "and the draws explore it too slowly to be trusted (low ESS). Give more tune, use PooledAdaptiveHMC (the "
+            "chains' pooled estimate starts from their spread), or pass scaling= with the posterior variances.",
             "error", self.iter_count)
 
     def _check_tune_end(self, stats):
@@ -688,9 +758,11 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         does not fit its draws (its draws would not be the posterior's): PyMC logs it when sampling ends, from
         worker processes too."""
         if self._search_box is not None and self._chain_iteration < self._tune_length:
+            end = getattr(self.integrator, "previous_end", None)  # the chain's position, with its gradient
             q = np.asarray(self._last_position, dtype=float)
-            moments = self._tune_round_moments or (0, np.zeros_like(q), np.zeros_like(q))
-            self._tune_round_moments = (moments[0] + 1, moments[1] + q, moments[2] + q * q)
+            g = np.asarray(end.q_grad, dtype=float) if end is not None else np.zeros_like(q)
+            moments = self._tune_round_moments or (0, *(np.zeros_like(q),) * 3)
+            self._tune_round_moments = (moments[0] + 1, moments[1] + q, moments[2] + q * q, moments[3] + g * g)
         window = min(STUCK_WINDOW, self._tune_length)
         if self._chain_iteration >= self._tune_length - window and self._chain_iteration < self._tune_length:
             self._late_tune_accept.append(float(stats["accepted"]))

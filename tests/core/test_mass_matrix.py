@@ -4,7 +4,8 @@ correlation_excess / prefers_dense decide dense_mass="auto"."""
 import numpy as np
 import pytest
 
-from ahmc.core.mass_matrix import correlation_excess, prefers_dense, shrink_correlations
+from ahmc.core.mass_matrix import (UNEXPLORED_PRODUCT, correlation_excess, prefers_dense, rescue_unexplored,
+                                   shrink_correlations)
 
 
 def test_variances_kept_and_correlations_shrunk_by_the_documented_weight():
@@ -76,3 +77,23 @@ def test_correlation_excess_under_jit_matches_numpy():
     for n in (2, 50, 800):
         np.testing.assert_allclose(float(fn(jnp.asarray(covariance), jnp.asarray(n))),
                                    correlation_excess(covariance, n), rtol=1e-5)
+
+
+def test_rescue_unexplored_reads_a_gaussian_scale_from_a_small_spread():
+    """Draws that moved 1e-3 of a Gaussian's sd 1e6: var x * E[g^2] is 1e-12, far below the bound of 1,
+    and sqrt(var x / var g) is the variance itself; an explored coordinate keeps its estimate."""
+    rng = np.random.default_rng(0)
+    sds = np.array([1e6, 1.0])
+    x = rng.normal(size=(200, 2)) * np.array([1e3, 1.0])  # the second coordinate explored at its scale
+    g = -x / sds ** 2  # grad log p of N(0, sds^2)
+    var_x, var_g, mean_sq = x.var(axis=0), g.var(axis=0), (g ** 2).mean(axis=0)
+    assert var_x[0] * mean_sq[0] < UNEXPLORED_PRODUCT < var_x[1] * mean_sq[1]
+    rescued = rescue_unexplored(var_x, var_x, var_g, mean_sq)
+    np.testing.assert_allclose(rescued[0], 1e12, rtol=1e-9)
+    assert rescued[1] == var_x[1]
+
+
+def test_rescue_unexplored_leaves_constant_gradients_and_stuck_draws():
+    variance = np.array([2.0, 3.0])
+    rescued = rescue_unexplored(variance, np.array([1e-8, 0.0]), np.array([0.0, 1.0]), np.array([1e-6, 1.0]))
+    np.testing.assert_array_equal(rescued, variance)
