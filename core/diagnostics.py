@@ -74,6 +74,8 @@ ALIASES = {
 _CORE_DEFAULTS = {name: parameter.default for function in (search_space, gp_ucb)
                   for name, parameter in inspect.signature(function).parameters.items()}
 LOW_ACCEPTANCE, HIGH_ACCEPTANCE, MAX_DIVERGENT, MIN_WARMUP_ROUNDS = 0.3, 0.99, 0.01, 10
+#: :func:`tuning_warnings` flags a run whose slowest coordinate's bulk ESS is below this share of the draws.
+MIN_ESS_FRACTION = 0.01
 
 
 class TuningConfig(NamedTuple):
@@ -738,7 +740,22 @@ def tuning_warnings(history: TuningHistory) -> list[str]:
                        "Riemannian route, AdaptiveRMHMC(metric=\"fisher\") (docs/rmhmc.md), whose metric follows it.")
         if _has_box(history.config):
             out.extend(who + message for message in _edge_warnings(history, t))
-    return out
+    slow = _slow_exploration(history)
+    return out + ([slow] if slow else [])
+
+
+def _slow_exploration(history: TuningHistory) -> str | None:
+    """A warning when some coordinate's bulk ESS is a sliver of the draws (known from draws only)."""
+    if history.slowest_square is None:
+        return None
+    _, _, ess_coordinates, num_draws = history.slowest_square
+    if not ess_coordinates < MIN_ESS_FRACTION * num_draws:
+        return None
+    return (f"the slowest coordinate's bulk ESS is {ess_coordinates:.0f} of {num_draws} draws: the chains barely "
+            "explore it, so its estimates cannot be trusted. Where the posterior's scales differ by orders of "
+            "magnitude the warm-up may not have found one: give more warm-up (tune / num_warmup), pool the chains' "
+            "estimate (PooledAdaptiveHMC, or the JAX routes' default), or pass the variances (PyMC: scaling=; "
+            "BlackJAX: inverse_mass_matrix=).")
 
 
 def _edge_warnings(history: TuningHistory, tuner: int) -> list[str]:

@@ -280,6 +280,17 @@ def test_summary_points_at_the_variances_only_when_the_squares_lag_far_behind():
     assert variance_hint(slow_everywhere) is None  # everything mixes slowly, not the squares alone
 
 
+def test_a_coordinate_the_chains_barely_explore_is_a_tuning_warning():
+    """The issue's sds 1e-6 and 1e6 after a warm-up that missed the wide scale: ESS 7 of 4000 draws."""
+    stats, _, _, config = simulate()
+    history = tuning_history(stats, config=config)
+    missed = history._replace(slowest_square=(5.0, "b", 7.0, 4000))
+    assert any("bulk ESS is 7 of 4000 draws: the chains barely explore it" in w for w in tuning_warnings(missed))
+    assert "WARNING: tuning probably failed" in tuning_summary(missed)
+    fine = history._replace(slowest_square=(280.0, "x[9]", 2821.0, 4000))
+    assert not any("barely explore" in w for w in tuning_warnings(fine))
+
+
 def test_summary_points_at_a_single_leapfrog_step_with_the_bound_that_rules_it_out():
     from ahmc.core.diagnostics import single_step_hint
 
