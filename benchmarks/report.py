@@ -384,7 +384,9 @@ def write_report(json_path: str | Path) -> Path:
         f"`{json_path.with_suffix('.md').name}`. ESS per gradient = bulk ESS (ArviZ) per leapfrog step of the "
         "sampling phase, the paper's ESS/L. Per chain: each chain's ESS over its own gradients. "
         f"ChEES runs {_chees_chains(results)}; its ESS pools them and its gradients count them all. MEADS "
-        "(BlackJAX's generalized HMC, one gradient per iteration) runs as many chains, in 4 folds.",
+        "(BlackJAX's generalized HMC, one gradient per iteration) runs as many chains, in 4 folds. Adjusted MCLMC "
+        "(BlackJAX's Metropolis-adjusted microcanonical sampler) tunes each chain in the warm-up's iterations and "
+        "counts two gradients per integration step.",
         "",
         "## Targets (issue 8), met or missed",
         "",

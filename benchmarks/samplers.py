@@ -601,6 +601,83 @@ def run_meads(rng_key, model, positions, num_warmup, num_samples, **options) -> 
 
 
 # --------------------------------------------------------------------------- #
+# BlackJAX adjusted MCLMC (Metropolis-adjusted microcanonical dynamics)
+# --------------------------------------------------------------------------- #
+
+# Gradient evaluations per step of BlackJAX's default MCLMC integrator, the two-stage
+# isokinetic McLachlan scheme (its last gradient is the next step's first).
+MCLACHLAN_GRADS_PER_STEP = 2
+
+
+def run_adjusted_mclmc(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """BlackJAX adjusted MCLMC (Robnik et al. 2025): ``blackjax.adjusted_mclmc_find_L_and_step_size`` per
+    chain (its diagonal preconditioning, target acceptance 0.9 as BlackJAX's guide sets for it), then
+    ``blackjax.adjusted_mclmc_dynamic`` with uniformly jittered trajectory lengths.
+
+    Its two tuning stages take ``frac_tune1`` and ``frac_tune2`` of a run of ``num_samples`` steps; both are
+    set so the tuning runs ``num_warmup`` iterations, like every other sampler here.  Gradients: two per
+    integration step (the isokinetic McLachlan integrator), tuning's as BlackJAX counts its steps.  Options:
+    ``target`` (acceptance), the rest go to the tuning function.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    import blackjax
+    from blackjax.mcmc.adjusted_mclmc_dynamic import make_random_trajectory_length_fn
+
+    options = dict(options)
+    target = float(options.pop("target", 0.9))
+    fraction = 0.5 * num_warmup / num_samples
+    options.setdefault("frac_tune1", fraction)
+    options.setdefault("frac_tune2", fraction)
+    logdensity_fn = model.logdensity_fn
+    kernel = blackjax.adjusted_mclmc_dynamic.build_kernel(
+        integration_steps_fn=make_random_trajectory_length_fn(True))
+
+    def tune_one(key, position):
+        init_key, tune_key = jax.random.split(key)
+        state = blackjax.adjusted_mclmc_dynamic.init(position, logdensity_fn, init_key)
+        state, params, num_steps = blackjax.adjusted_mclmc_find_L_and_step_size(
+            kernel, logdensity_fn, num_samples, state, tune_key, target, **options)
+        return state, params, num_steps
+
+    def sample_one(key, state, params):
+        def body(state, step_key):
+            state, info = kernel(step_key, state, logdensity_fn, params.step_size,
+                                 inverse_mass_matrix=params.inverse_mass_matrix,
+                                 integration_steps_params=(params.L / params.step_size,))
+            return state, (state.position, info.num_integration_steps, info.is_divergent, info.acceptance_rate)
+
+        return jax.lax.scan(body, state, jax.random.split(key, num_samples))[1]
+
+    num_chains = positions.shape[0]
+    warm_key, sample_key = jax.random.split(rng_key)
+    warm_keys, sample_keys = jax.random.split(warm_key, num_chains), jax.random.split(sample_key, num_chains)
+    start = jnp.asarray(positions)
+    clock = CompileClock()
+    with clock.phase("warmup"):
+        tune_compiled = jax.jit(jax.vmap(tune_one)).lower(warm_keys, start).compile()
+        states, params, tune_steps = _block(clock.execute(tune_compiled, warm_keys, start))
+    with clock.phase("sampling"):
+        sample_compiled = jax.jit(jax.vmap(sample_one)).lower(sample_keys, states, params).compile()
+        draws, steps, divergent, acceptance = clock.execute(sample_compiled, sample_keys, states, params)
+    steps = np.asarray(steps)  # (chains, num_samples)
+    return SamplerRun(
+        draws=np.asarray(draws),
+        num_grads_warmup=MCLACHLAN_GRADS_PER_STEP * np.asarray(tune_steps, dtype=float),
+        num_grads_sampling=MCLACHLAN_GRADS_PER_STEP * steps.sum(axis=1).astype(float),
+        num_divergent_warmup=np.zeros(num_chains),  # not reported by the tuning function
+        num_divergent_sampling=np.asarray(divergent).sum(axis=1),
+        timing=_timing(clock, clock.run_s["warmup"], clock.run_s["sampling"]),
+        extra={
+            "step_size": _as_float_list(params.step_size),
+            "mean_num_steps": _as_float_list(params.L / params.step_size),
+            "mean_acceptance": _as_float_list(np.asarray(acceptance).mean(axis=1)),
+        },
+    )
+
+
+# --------------------------------------------------------------------------- #
 # PyMC: ahmc's step method, PyMC's NUTS, nutpie
 # --------------------------------------------------------------------------- #
 #
@@ -999,6 +1076,7 @@ SAMPLERS: dict[str, Runner] = {
     "nutpie": run_nutpie,
     "chees": run_chees,
     "meads": run_meads,
+    "adjusted_mclmc": run_adjusted_mclmc,
     "armhmc": run_armhmc,
     **DENSE_SAMPLERS,
     **BY_NAME_SAMPLERS,

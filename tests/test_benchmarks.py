@@ -471,6 +471,24 @@ def test_meads_runner_counts_every_chain_and_samples_the_target():
     assert_moments_match(out.draws, model.mean, model.sd, min_ess=100)
 
 
+def test_adjusted_mclmc_runner_tunes_in_the_warmup_budget_and_samples_the_target():
+    """Adjusted MCLMC through the runner contract: one tuning per chain in about num_warmup iterations,
+    two gradients per integration step, draws matching the target."""
+    pytest.importorskip("blackjax")
+    model = models.get_model("std_gauss_10")
+    positions = models.initial_positions(model, 4, seed=0).astype(np.float32)
+    import jax
+
+    with jax.enable_x64(False):
+        out = run.SAMPLERS["adjusted_mclmc"](jax.random.key(0), model, positions, 400, 500)
+    assert out.draws.shape == (4, 500, 10) and np.all(np.isfinite(out.draws))
+    steps = np.asarray(out.extra["mean_num_steps"])
+    # sampling: 2 gradients per step, about the tuned mean number of steps per draw (uniform jitter)
+    assert np.all(np.abs(out.num_grads_sampling / (2 * 500) - steps) < 0.25 * steps + 1)
+    assert np.all(out.num_grads_warmup >= 2 * 400)  # at least one step per tuning iteration
+    assert_moments_match(out.draws, model.mean, model.sd, min_ess=100)
+
+
 def test_chees_runs_fewer_chains_only_where_their_draws_would_not_fit():
     from benchmarks.samplers import CHEES_DRAWS_BYTES, chees_num_chains
 
