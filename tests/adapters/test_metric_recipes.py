@@ -32,7 +32,8 @@ def logdensity(x):
     return -0.5 * x @ jnp.asarray(PRECISION, x.dtype) @ x
 
 
-@pytest.mark.parametrize("recipe", ["fisher_diag", "fisher_low_rank", "welford_dense"])
+# welford_dense is the dense_mass=True path, whose draws test_blackjax.py and test_numpyro.py check by default
+@pytest.mark.parametrize("recipe", ["fisher_diag", "fisher_low_rank", pytest.param("welford_dense", marks=pytest.mark.slow)])
 def test_recipe_draws_match_the_target(recipe):
     samples, info, state = run_chains(jax.random.key(3), logdensity, jnp.full((4, 6), 0.5), num_warmup=600,
                                       num_samples=1000, metric_recipe=recipe, return_state=True)

@@ -206,8 +206,10 @@ FAMILIES = {
 
 
 # Their special functions (digamma, trigamma) take PyTensor 10-25 s to compile: Beta and Gamma stay in the
-# default suite, their observed and inverse variants run with the slow tests.
-SLOW_FAMILIES = {"Beta(observed)", "Gamma(observed)", "InverseGamma", "InverseGamma(observed)"}
+# default suite, their observed and inverse variants run with the slow tests; so does the observed MvNormal
+# with a covariance (17 s; the observed MvNormal and the latent one with a covariance stay).
+SLOW_FAMILIES = {"Beta(observed)", "Gamma(observed)", "InverseGamma", "InverseGamma(observed)",
+                 "MvNormal(covariance, observed)"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_FAMILIES else name
