@@ -754,8 +754,8 @@ def _slow_exploration(history: TuningHistory) -> str | None:
     return (f"the slowest coordinate's bulk ESS is {ess_coordinates:.0f} of {num_draws} draws: the chains barely "
             "explore it, so its estimates cannot be trusted. Where the posterior's scales differ by orders of "
             "magnitude the warm-up may not have found one: give more warm-up (tune / num_warmup), pool the chains' "
-            "estimate (PooledAdaptiveHMC, or the JAX routes' default), or pass the variances (PyMC: scaling=; "
-            "BlackJAX: inverse_mass_matrix=).")
+            "estimate (PyMC: PooledAdaptiveHMC), or pass the variances (PyMC: scaling=; BlackJAX and NumPyro: "
+            "inverse_mass_matrix=).")
 
 
 def _edge_warnings(history: TuningHistory, tuner: int) -> list[str]:
