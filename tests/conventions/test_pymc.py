@@ -78,6 +78,8 @@ def test_the_warm_up_finds_scales_1e_minus_6_and_1e6():
         idata = pm.sample(step=AdaptiveHMC(), tune=300, draws=1000, chains=2, cores=1, random_seed=1, **QUIET)
     # Squares of mean-zero draws: their mean is the variance, checked with its own ESS-based error.
     assert_means(idata.posterior["x"].values ** 2 / sds ** 2, np.ones(2))
+    # In the whitened posterior the step size is about 1; one tuned under the identity stays near 0.002.
+    assert float(idata.sample_stats["step_size"].mean()) > 0.1
 
 
 def test_a_metric_that_missed_the_scale_is_reported(caplog):
