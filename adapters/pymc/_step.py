@@ -182,9 +182,13 @@ class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
         grad_variance = grads.current_variance()
         variance = rescue_unexplored(self._var, draws.current_variance(), grad_variance,
                                      grad_variance + grads.mean ** 2)  # (PyMC's current_mean fails on numpy 2)
-        self._var = np.clip(variance, 1e-12, 1e12).astype(self.dtype)  # PyMC's own clip
-        np.sqrt(self._var, out=self._stds)
-        np.divide(1, self._stds, out=self._inv_stds)
+        self.set_variance(np.clip(variance, 1e-12, 1e12))  # PyMC's own clip
+
+    def set_variance(self, variance):
+        """Put ``variance`` into PyMC's live fields (the compiled kinetic energy reads the shared copy)."""
+        self._var = np.asarray(variance, dtype=self.dtype).copy()
+        self._stds = np.sqrt(self._var)
+        self._inv_stds = 1.0 / self._stds
         self._var_pytensor.set_value(self._var)
 
 

@@ -74,10 +74,7 @@ class WarmStartMixin:
             potential._foreground_cov = type(potential._foreground_cov)(
                 potential._n, mean, metric, potential._initial_weight, potential.dtype)
             return
-        potential._var = metric.copy()
-        potential._var_pytensor.set_value(potential._var)
-        potential._stds = np.sqrt(metric)
-        potential._inv_stds = 1.0 / potential._stds
+        potential.set_variance(metric)
         potential._step_size_var = potential._var.copy()  # the step size restarts from the snapshot's too
         potential._foreground_var = type(potential._foreground_var)(
             potential._n, mean, metric, potential._initial_weight, potential.dtype)
