@@ -27,14 +27,14 @@ from jax.flatten_util import ravel_pytree
 from blackjax.adaptation.metric_recipes import REGISTRY
 from blackjax.adaptation.step_size import dual_averaging_adaptation
 
-from ahmc.core.mass_matrix import prefers_dense, shrink_correlations
+from ahmc.core.mass_matrix import prefers_dense, rescale_diagonal, rescue_unexplored, shrink_correlations
 from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, warmup_num_steps
 
 from ._jax_kernel import inverse_cholesky
 from ._jax_sharding import chain_median, replicated
 
 __all__ = ["WindowStats", "WarmupState", "Warmup", "build_warmup", "far_below", "climbing", "lost_chains",
-           "pooled_acceptance", "EARLY_MAX_STEPS"]
+           "pooled_acceptance", "EARLY_MAX_STEPS", "ScaleMoments", "MetricAdaptation", "rescue_scales"]
 
 
 class WindowStats(NamedTuple):
@@ -323,6 +323,75 @@ def _window_mean(mm_state):
     return total / jnp.maximum(rows, 1).astype(total.dtype)
 
 
+class ScaleMoments(NamedTuple):
+    """Per-coordinate moments of a slow window's draws and gradients, pooled over chains (Chan's
+    parallel Welford update, so a far-off mean costs no precision).
+
+    count : float, ()   draws pooled so far in the window
+    mean_x, m2_x : float, (D,)   mean and sum of squared deviations of the draws
+    mean_g, m2_g : float, (D,)   the same for the log density's gradients
+    """
+
+    count: Any
+    mean_x: Any
+    m2_x: Any
+    mean_g: Any
+    m2_g: Any
+
+
+class MetricAdaptation(NamedTuple):
+    """The metric phase's state: BlackJAX's estimator and the window's :class:`ScaleMoments`."""
+
+    estimator: Any
+    moments: ScaleMoments
+
+
+def _fresh_moments(dim: int, dtype) -> ScaleMoments:
+    zeros = jnp.zeros((dim,), dtype)
+    return ScaleMoments(jnp.asarray(0.0, dtype), zeros, zeros, zeros, zeros)
+
+
+def _add_batch(count, mean, m2, batch):
+    """Chan's update of ``(count, mean, m2)`` with the ``(C, D)`` rows of ``batch``."""
+    n_b = jnp.asarray(batch.shape[0], mean.dtype)
+    mean_b = jnp.mean(batch, axis=0)
+    m2_b = jnp.sum((batch - mean_b) ** 2, axis=0)
+    total = count + n_b
+    delta = mean_b - mean
+    return mean + delta * n_b / total, m2 + m2_b + delta * delta * count * n_b / total
+
+
+def _accumulate_moments(moments: ScaleMoments, flat_x, flat_g) -> ScaleMoments:
+    mean_x, m2_x = _add_batch(moments.count, moments.mean_x, moments.m2_x, flat_x.astype(moments.mean_x.dtype))
+    mean_g, m2_g = _add_batch(moments.count, moments.mean_g, moments.m2_g, flat_g.astype(moments.mean_x.dtype))
+    return ScaleMoments(moments.count + flat_x.shape[0], mean_x, m2_x, mean_g, m2_g)
+
+
+#: BlackJAX's Fisher estimators (``metric_recipes``) floor the gradients' variance at this, so a coordinate with
+#: sd above about 1e5 gets ``sqrt(var x / 1e-10)`` instead of ``sqrt(var x / var g)``: too small a variance.
+BLACKJAX_GRAD_VARIANCE_FLOOR = 1e-10
+
+
+def rescue_scales(inverse_mass_matrix, moments: ScaleMoments, undo_grad_floor: bool):
+    """The window's matrix with each coordinate's variance corrected where the estimator cannot see its scale.
+
+    Two cases, both from the window's own draws and gradients: a coordinate the draws have not explored
+    (:func:`ahmc.core.mass_matrix.rescue_unexplored`: far start, or sds 1e-6 and 1e6 under an identity
+    metric), and, for the Fisher recipes (``undo_grad_floor``), one whose gradient variance is under
+    BlackJAX's floor. A dense matrix is rescaled by rows and columns, so its correlations stay.
+    """
+    variance = jnp.diag(inverse_mass_matrix) if _is_dense(inverse_mass_matrix) else inverse_mass_matrix
+    n = jnp.maximum(moments.count, 2.0)
+    var_x, var_g = moments.m2_x / (n - 1.0), moments.m2_g / (n - 1.0)
+    corrected = variance
+    if undo_grad_floor:
+        floored = (var_g > 0) & (var_g < BLACKJAX_GRAD_VARIANCE_FLOOR)
+        corrected = variance * jnp.sqrt(BLACKJAX_GRAD_VARIANCE_FLOOR / jnp.where(floored, var_g, BLACKJAX_GRAD_VARIANCE_FLOOR))
+    corrected = rescue_unexplored(corrected, var_x, var_g, moments.m2_g / n + moments.mean_g ** 2, xp=jnp)
+    ok = (moments.count >= 2) & jnp.all(jnp.isfinite(corrected)) & jnp.all(corrected > 0)
+    return rescale_diagonal(inverse_mass_matrix, jnp.where(ok, corrected, variance), xp=jnp)
+
+
 def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_state: Callable):
     """``(mass_matrix_state, adapt_metric)``: BlackJAX's estimator for ``recipe`` (its ``metric_recipes``),
     pooled over chains, in Stan's windows; a window's end restarts the dual averaging with ``step_size_state``."""
@@ -338,12 +407,18 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
     def core_of(mm_state):
         return cores[True] if is_low_rank(mm_state) else cores[_is_dense(mm_state.inverse_mass_matrix)]
 
-    def mass_matrix_state(dim, dtype, dense, num_chains=1):
+    def estimator_state(dim, dtype, dense, num_chains):
         if low_rank_recipe and dense:
             rows = max(min(buffer_per_chain, LOW_RANK_MAX_BUFFER // num_chains), 1)
             core = REGISTRY["fisher_low_rank"].build_core(buffer_size=rows * num_chains)
             return _per_chain_buffers(_fixed_dtypes(core.init(dim), dtype), num_chains)
         return _fixed_dtypes(cores[dense].init(dim), dtype)
+
+    def mass_matrix_state(dim, dtype, dense, num_chains=1):
+        return MetricAdaptation(estimator_state(dim, dtype, dense, num_chains), _fresh_moments(dim, dtype))
+
+    def uses_fisher(mm_state):  # static: BlackJAX's Fisher estimators floor var(grad)
+        return is_low_rank(mm_state) or recipe == "fisher_diag"
 
     def estimator_step(mm_state, step):
         """``step`` (BlackJAX's update or final) on the estimator's state; a low-rank state's buffers are kept
@@ -356,7 +431,8 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
 
     def close_window(operand):
         """A mass-matrix window's end: its estimate (shrunk if dense Welford), the dual averaging restarted."""
-        mm_state, imm, da_state, _ = operand
+        metric_state, imm, da_state, _ = operand
+        mm_state, moments = metric_state
         dtype = imm.dtype
         window_mean = _window_mean(mm_state).astype(dtype) if use_center else None
         num_draws = mm_state.wc_state.sample_size if hasattr(mm_state, "wc_state") else None
@@ -377,17 +453,20 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
             new_imm = covariance
         else:
             new_imm = mm_state.inverse_mass_matrix
+        new_imm = rescue_scales(new_imm.astype(dtype), moments, uses_fisher(mm_state))
         restart = step_size_state(jnp.exp(da_state.log_step_size))
-        return mm_state, new_imm.astype(dtype), restart, window_mean
+        fresh = _fresh_moments(moments.mean_x.shape[0], dtype)
+        return MetricAdaptation(mm_state, fresh), new_imm.astype(dtype), restart, window_mean
 
     def adapt_metric(state, flat_new, flat_grad, da_state, in_metric_phase, phase_it):
         """The pooled estimator takes the chains' positions (and gradients) in a slow window and closes at its end."""
         dense = _is_dense(state.inverse_mass_matrix)
 
-        def pool_draws(mm_state):
+        def pool_draws(metric_state):
             def one(s, xg):
                 return _fixed_dtypes(estimator_step(s, lambda t: core_of(s).update(t, *xg)), flat_new.dtype), None
-            return jax.lax.scan(one, mm_state, (flat_new, flat_grad))[0]
+            estimator = jax.lax.scan(one, metric_state.estimator, (flat_new, flat_grad))[0]
+            return MetricAdaptation(estimator, _accumulate_moments(metric_state.moments, flat_new, flat_grad))
 
         mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_draws, lambda s: s,
                                 state.mass_matrix_adaptation)

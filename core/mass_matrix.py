@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 __all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "METRIC_RECIPES", "correlation_excess", "prefers_dense",
-           "resolve_metric_recipe", "shrink_correlations"]
+           "rescale_diagonal", "rescue_unexplored", "resolve_metric_recipe", "shrink_correlations"]
 
 #: The mass-matrix estimators the metric phase can run, by their names in BlackJAX 1.7's
 #: ``blackjax.adaptation.metric_recipes``: Stan's Welford diagonal and dense covariance, and nutpie's
@@ -132,3 +132,16 @@ def rescue_unexplored(variance, draw_variance, grad_variance, grad_mean_square, 
     unexplored = (draw_variance * grad_mean_square < UNEXPLORED_PRODUCT) & (grad_variance > 0) & (draw_variance > 0)
     fisher = xp.sqrt(xp.where(unexplored, draw_variance, 1.0) / xp.where(unexplored, grad_variance, 1.0))
     return xp.where(unexplored, xp.maximum(fisher, variance), variance)
+
+
+def rescale_diagonal(matrix, variance, xp=np):
+    """``matrix`` (a ``(d,)`` diagonal or ``(d, d)`` inverse mass matrix) with its variances set to ``variance``.
+
+    A dense matrix is rescaled by rows and columns (``D M D``), so its correlations stay; a coordinate whose
+    variance in ``matrix`` is not positive is left alone.
+    """
+    if matrix.ndim == 1:
+        return xp.where(matrix > 0, variance, matrix)
+    current = xp.diag(matrix)
+    scale = xp.where(current > 0, xp.sqrt(variance / xp.where(current > 0, current, 1.0)), 1.0)
+    return matrix * scale[:, None] * scale[None, :]

@@ -52,8 +52,8 @@ from ahmc.core.options import check_option_names, whole_number_pair  # noqa: E40
 from ahmc.core.objectives import (DEFAULT_DIVERGENCE_PENALTY, NONFINITE_REWARD_MESSAGE, get_objective,
                                   needs_center, round_arrays, round_init, round_update, step_jumps_estimate,
                                   step_jumps_init, step_jumps_update)
-from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, prefers_dense, rescue_unexplored,
-                                   resolve_metric_recipe, shrink_correlations)
+from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, prefers_dense, rescale_diagonal,
+                                   rescue_unexplored, resolve_metric_recipe, shrink_correlations)
 from ahmc.core.space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, check_min_steps_fraction,
                              min_num_steps)
 from ahmc.core.tuner import adapt_probability
@@ -196,6 +196,7 @@ class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
 class _WarmupFullAdaptState(QuadPotentialFullAdaptState):
     is_adapting: bool
     kept_correlations: bool
+    _background_grads: WeightedVarianceState
 
 
 def stan_windows(num_iterations: int) -> tuple[int, tuple[int, ...]]:
@@ -235,6 +236,7 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
         super().reset()
         self.is_adapting = True
         self.kept_correlations = False  # the identity until the first window closes
+        self._background_grads = _WeightedVariance(self._n, dtype=self.dtype)
 
     def update(self, sample, grad, tune):
         if not (tune and self.is_adapting):
@@ -243,21 +245,38 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
         if self._n_samples <= self.first_estimated:
             return  # initial buffer: the chain is still arriving
         self._background_cov.add_sample(sample)
+        if grad is not None:  # (PyMC's potentials may be updated without gradients)
+            self._background_grads.add_sample(grad)
         if self._n_samples in self.window_ends:
-            window = self._background_cov
+            window, grads = self._background_cov, self._background_grads
             n = window.n_samples
             raw = window.current_covariance()
             cov = shrink_correlations(raw, n)  # a short window's missed directions must not freeze
             self.kept_correlations = not self.auto or bool(prefers_dense(raw, n))
             if not self.kept_correlations:  # correlations within noise: the diagonal does better
                 cov = np.diag(np.diag(cov))
-            self._cov = (n / (n + 5.0)) * cov + 1e-3 * (5.0 / (n + 5.0)) * np.eye(self._n)
+            cov = self._rescued(cov, grads)
+            # Stan's regularisation, but towards each coordinate's own variance rather than 1e-3 in absolute
+            # units: towards 1e-3 a coordinate with sd 1e-6 kept a variance near 1e-4 (its whitened sd 1e-4).
+            variance = np.diag(cov)
+            target = np.where(variance > 0, variance, 1e-3)
+            self._cov = (n / (n + 5.0)) * cov + (5.0 / (n + 5.0)) * np.diag(target)
             try:
                 self._chol = scipy.linalg.cholesky(self._cov, lower=True)
             except (scipy.linalg.LinAlgError, ValueError) as error:
                 self._chol_error = error
             self._foreground_cov = window  # its mean centres esjd_moments' squares
             self._background_cov = type(window)(self._n, dtype=self.dtype)
+            self._background_grads = _WeightedVariance(self._n, dtype=self.dtype)
+
+    def _rescued(self, cov, grads):
+        """``cov`` with the coordinates the window's draws have not explored set to their gradients' scale
+        (:func:`ahmc.core.mass_matrix.rescue_unexplored`, as the diagonal step does), correlations kept."""
+        if grads.n_samples != self._background_cov.n_samples or grads.n_samples < 2:
+            return cov
+        grad_variance = grads.current_variance()
+        variance = rescue_unexplored(np.diag(cov), np.diag(cov), grad_variance, grad_variance + grads.mean ** 2)
+        return rescale_diagonal(cov, np.clip(variance, 1e-12, 1e12))  # PyMC's own clip
 
     def whiten(self, x):
         """``C^{-1} x`` for the covariance estimate ``C C^T`` (the inverse mass matrix)."""

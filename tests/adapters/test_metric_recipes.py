@@ -150,3 +150,33 @@ def test_one_chain_kernel_under_vmap_estimates_the_low_rank_matrix():
     assert imm.shape == (2, 6, 6)
     ratio = np.diagonal(imm, axis1=1, axis2=2) / np.asarray(scales) ** 2
     assert np.all((ratio > 0.5) & (ratio < 2.0)), ratio
+
+
+def test_window_rescue_undoes_blackjax_grad_floor_and_finds_unexplored_scales():
+    """``rescue_scales`` on one window of draws from N(0, diag(1e12, 1)) (float64): the wide coordinate
+    moved 1e-3 of its sd (unexplored), and a Fisher estimate's floored var(grad) is undone; the
+    explored coordinate keeps the estimator's value."""
+    from ahmc.adapters._jax_warmup import _accumulate_moments, _fresh_moments, rescue_scales
+
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        sds = np.array([1e6, 1.0])
+        moments = _fresh_moments(2, jnp.float64)
+        for _ in range(50):  # 50 iterations of 4 chains
+            x = rng.normal(size=(4, 2)) * np.array([1e3, 1.0])
+            moments = _accumulate_moments(moments, jnp.asarray(x), jnp.asarray(-x / sds ** 2))
+        estimate = jnp.array([1e6, 0.9])  # e.g. the window's Welford variance, or a floored Fisher one
+        for undo in (False, True):
+            out = np.asarray(rescue_scales(estimate, moments, undo_grad_floor=undo))
+            np.testing.assert_allclose(out, [1e12, 0.9], rtol=1e-6)
+            dense = np.asarray(rescue_scales(jnp.diag(estimate), moments, undo_grad_floor=undo))
+            np.testing.assert_allclose(np.diag(dense), [1e12, 0.9], rtol=1e-6)
+        # Explored at its scale, a Fisher estimate floored at var(grad) = 1e-10 gives 1e11: undone to 1e12.
+        moments = _fresh_moments(2, jnp.float64)
+        for _ in range(200):
+            x = rng.normal(size=(4, 2)) * sds
+            moments = _accumulate_moments(moments, jnp.asarray(x), jnp.asarray(-x / sds ** 2))
+        floored = jnp.array([1e11, 1.0])
+        out = np.asarray(rescue_scales(floored, moments, undo_grad_floor=True))
+        assert 0.8e12 < out[0] < 1.25e12 and out[1] == 1.0, out
+        assert np.asarray(rescue_scales(floored, moments, undo_grad_floor=False))[0] == 1e11

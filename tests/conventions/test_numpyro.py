@@ -13,7 +13,7 @@ from numpyro.infer import MCMC, NUTS
 from numpyro.infer.util import potential_energy
 
 from ahmc.adapters.numpyro import AdaptiveHMC
-from tests.reference import bulk_ess
+from tests.reference import _mean_and_mcse, bulk_ess
 
 DIM = 5
 SCALES = jnp.linspace(0.5, 3.0, DIM)
@@ -86,18 +86,36 @@ def test_no_latent_sites_is_said_in_the_users_terms():
         run(AdaptiveHMC, observed_only, warmup=10, samples=10)
 
 
-def test_scales_1e_minus_6_and_1e6_are_found_or_reported():
-    """sds 1e-6 and 1e6 in one model with a short warm-up: the draws have the wide scale, or the tuning
-    summary says the chains barely explore a coordinate (today the JAX routes' metric misses it: BlackJAX's
-    Fisher estimate floors var(grad) at 1e-10, and Welford sees only the identity's short moves)."""
+def wide_and_narrow():
+    numpyro.sample("x", dist.Normal(0.0, jnp.array([1e-6, 1e6])))
+
+
+def run_wide_and_narrow(**options):
+    with jax.enable_x64(True):
+        mcmc = MCMC(AdaptiveHMC(wide_and_narrow, **options), num_warmup=300, num_samples=1000, num_chains=2,
+                    chain_method="vectorized", progress_bar=False)
+        mcmc.run(jax.random.key(1))
+    return mcmc
+
+
+@pytest.mark.parametrize("recipe", [None, pytest.param("fisher_diag", marks=pytest.mark.slow)])
+def test_the_warm_up_finds_scales_1e_minus_6_and_1e6(recipe):
+    """sds 1e-6 and 1e6 in one model with a short warm-up (300): the draws' variances match within Monte
+    Carlo error. Before the window rescue the low-rank default ended near sd 1e5 (BlackJAX's Fisher
+    estimate floors var(grad) at 1e-10) and Welford's diagonal near 1 (the identity's short moves)."""
+    mcmc = run_wide_and_narrow(**({} if recipe is None else {"metric_recipe": recipe}))
+    x = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
+    # Squares of mean-zero draws: their mean is the variance, checked with its own ESS-based error.
+    mean, mcse, ess = _mean_and_mcse(x ** 2 / np.array([1e-12, 1e12]))
+    z = (mean - 1.0) / mcse
+    assert np.all(ess > 50) and np.all(np.abs(z) < 4.5), (mean, z, ess)
+
+
+def test_a_scale_welford_cannot_reach_is_reported():
+    """Stan's Welford diagonal shrinks each variance towards 1e-3 (absolute units), so the 1e-6 coordinate
+    keeps a variance near 1e-4 and the wide one barely mixes: the tuning summary must say so."""
     from ahmc.adapters.diagnostics import history_from_numpyro
     from ahmc.core.diagnostics import tuning_summary
 
-    def model():
-        numpyro.sample("x", dist.Normal(0.0, jnp.array([1e-6, 1e6])))
-
-    with jax.enable_x64(True):
-        mcmc = run(AdaptiveHMC, model, warmup=300, samples=1000, chains=2)
-        sd = np.asarray(mcmc.get_samples()["x"]).std(axis=0)
-        found = abs(sd[1] / 1e6 - 1) < 0.3 and abs(sd[0] / 1e-6 - 1) < 0.3
-        assert found or "the chains barely explore it" in tuning_summary(history_from_numpyro(mcmc)), sd
+    summary = tuning_summary(history_from_numpyro(run_wide_and_narrow(metric_recipe="welford_diag")))
+    assert "the chains barely explore it" in summary, summary

@@ -69,13 +69,15 @@ def test_a_stuck_chain_is_reported(caplog):
     assert "it is stuck, and its draws do not represent the posterior" in caplog.text
 
 
-def test_the_warm_up_finds_scales_1e_minus_6_and_1e6():
+@pytest.mark.parametrize("dense_mass", [False, True])
+def test_the_warm_up_finds_scales_1e_minus_6_and_1e6(dense_mass):
     """The issue's sds 1e-6 and 1e6 in one model with 300 tune (PyMC's NUTS gets them; the step once ended
-    at sd 0.037 for the wide one): the draws' sds match within Monte Carlo error, with a useful ESS."""
+    at sd 0.037 for the wide one, and the dense path at 1e-8 of it): the draws' sds match within Monte Carlo
+    error, with a useful ESS."""
     sds = np.array([1e-6, 1e6])
     with pm.Model():
         pm.Normal("x", 0, sds, shape=2)
-        idata = pm.sample(step=AdaptiveHMC(), tune=300, draws=1000, chains=2, cores=1, random_seed=1, **QUIET)
+        idata = pm.sample(step=AdaptiveHMC(dense_mass=dense_mass), tune=300, draws=1000, chains=2, cores=1, random_seed=1, **QUIET)
     # Squares of mean-zero draws: their mean is the variance, checked with its own ESS-based error.
     assert_means(idata.posterior["x"].values ** 2 / sds ** 2, np.ones(2))
     # In the whitened posterior the step size is about 1; one tuned under the identity stays near 0.002.

@@ -4,8 +4,8 @@ correlation_excess / prefers_dense decide dense_mass="auto"."""
 import numpy as np
 import pytest
 
-from ahmc.core.mass_matrix import (UNEXPLORED_PRODUCT, correlation_excess, prefers_dense, rescue_unexplored,
-                                   shrink_correlations)
+from ahmc.core.mass_matrix import (UNEXPLORED_PRODUCT, correlation_excess, prefers_dense, rescale_diagonal,
+                                   rescue_unexplored, shrink_correlations)
 
 
 def test_variances_kept_and_correlations_shrunk_by_the_documented_weight():
@@ -97,3 +97,13 @@ def test_rescue_unexplored_leaves_constant_gradients_and_stuck_draws():
     variance = np.array([2.0, 3.0])
     rescued = rescue_unexplored(variance, np.array([1e-8, 0.0]), np.array([0.0, 1.0]), np.array([1e-6, 1.0]))
     np.testing.assert_array_equal(rescued, variance)
+
+
+def test_rescale_diagonal_sets_variances_and_keeps_correlations():
+    covariance = np.array([[4.0, 1.2], [1.2, 1.0]])
+    variance = np.array([1e12, 1.0])
+    out = rescale_diagonal(covariance, variance)
+    np.testing.assert_allclose(np.diag(out), variance)
+    correlation = lambda c: c[0, 1] / np.sqrt(c[0, 0] * c[1, 1])  # noqa: E731
+    np.testing.assert_allclose(correlation(out), correlation(covariance))
+    np.testing.assert_allclose(rescale_diagonal(np.array([2.0, 0.0]), variance), [1e12, 0.0])
