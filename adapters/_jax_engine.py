@@ -372,13 +372,8 @@ def build_engine(
         logdensity_fn, kernel=kernel, integrator=integrator, divergence_threshold=divergence_threshold,
         min_steps_fraction=min_steps_fraction, shared_num_steps=shared_num_steps,
         sequential_chains=sequential_chains, by_trajectory=by_trajectory)
-    warmup = build_warmup(
-        plan, target_acceptance_rate=target_acceptance_rate, warmup_integration_time=warmup_integration_time,
-        warmup_max_steps=min(num_steps_cap, WARMUP_MAX_STEPS), recipe=recipe,
-        use_center=use_center, restart_lost_chains=restart_lost_chains, compare_chains=chain_data is None,
-        auto_box=auto_box, user_num_steps=num_steps_bounds is not None, step_size_factors=factors,
-        max_integration_time=max_integration_time, num_steps_cap=num_steps_cap,
-        box_max_steps=2 * int(super_transitions) - 1 if super_transitions else None)
+    warmup = _warmup_of(config, plan, recipe=recipe, use_center=use_center, compare_chains=chain_data is None,
+                        user_num_steps=num_steps_bounds is not None, super_transitions=super_transitions)
     rounds = _rounds(tuner, space, box0, config, plan, round_end_fn=round_end_fn, super_transitions=super_transitions,
                      exploit_after_warmup=exploit_after_warmup)
     parts = _Parts(
@@ -390,6 +385,19 @@ def build_engine(
         buffer_length=int(super_transitions) if super_transitions else int(round_length), tuner_prior=tuner_prior)
     return Engine(init=partial(_init, parts), step=partial(_step, parts), parameters=partial(_parameters, parts),
                   tuner=tuner, config=config, scan_draws=partial(_scan_draws_of, parts))
+
+
+def _warmup_of(config: EngineConfig, plan: WarmupPlan, *, recipe, use_center, compare_chains, user_num_steps,
+               super_transitions):
+    """The warm-up adaptation (:func:`ahmc.adapters._jax_warmup.build_warmup`) for the engine's settings."""
+    return build_warmup(
+        plan, target_acceptance_rate=config.target_acceptance_rate,
+        warmup_integration_time=config.warmup_integration_time,
+        warmup_max_steps=min(config.num_steps_cap, WARMUP_MAX_STEPS), recipe=recipe, use_center=use_center,
+        restart_lost_chains=config.restart_lost_chains, compare_chains=compare_chains, auto_box=config.auto_box,
+        user_num_steps=user_num_steps, step_size_factors=config.step_size_factors,
+        max_integration_time=config.max_integration_time, num_steps_cap=config.num_steps_cap,
+        box_max_steps=2 * int(super_transitions) - 1 if super_transitions else None)
 
 
 def _rounds(tuner, space, box0, config, plan, **options):
