@@ -11,6 +11,7 @@ user is told why.
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -78,14 +79,27 @@ def _storable(options: dict) -> dict:
             if not callable(value)}
 
 
-def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel):
-    """``(flat draws (C, n, d), mean acceptance)`` of the check: HMC at the snapshot's arm, ``L_t ~ U{1..L}``."""
-    eps, max_steps = snapshot.arm
-    imm = jnp.asarray(snapshot.inverse_mass_matrix, start.dtype)
-    kernel = hmc.build_kernel()
-    flat_logdensity = lambda flat: logdensity_fn(unravel(flat))  # noqa: E731
+def _split_data(data):
+    """``(arrays, rebuild)``: the array leaves of ``data`` (traced in the check) and a function that puts them
+    back among its other leaves (kept static: Python numbers, strings, callables)."""
+    leaves, treedef = jax.tree.flatten(data)
+    is_array = [isinstance(leaf, (np.ndarray, jax.Array)) and np.ndim(leaf) > 0 for leaf in leaves]
 
-    def one_chain(key, position):
+    def rebuild(arrays):
+        it = iter(arrays)
+        return jax.tree.unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)])
+    return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild
+
+
+def _check_program(make: Callable, rebuild: Callable, unravel: Callable):
+    """The check's compiled program: ``(keys, starts, eps, L, imm, data arrays) -> (draws, acceptance)``,
+    ``CHECK_ITERATIONS`` HMC transitions per chain with ``L_t ~ U{1..L}`` on ``make(rebuild(arrays))``."""
+    kernel = hmc.build_kernel()
+
+    def one_chain(key, position, eps, max_steps, imm, arrays):
+        density = make(rebuild(arrays))
+        flat_logdensity = lambda flat: density(unravel(flat))  # noqa: E731
+
         def body(state, key):
             step_key, length_key = jax.random.split(key)
             steps = jax.random.randint(length_key, (), 1, max_steps + 1)
@@ -96,19 +110,36 @@ def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel)
         _, (draws, accept) = jax.lax.scan(body, state, jax.random.split(key, CHECK_ITERATIONS))
         return draws, accept
 
-    keys = jax.random.split(rng_key, start.shape[0])
-    draws, accept = jax.jit(jax.vmap(one_chain))(keys, start)
+    return jax.jit(jax.vmap(one_chain, in_axes=(0, 0, None, None, None, None)))
+
+
+def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel, data_logdensity=None):
+    """``(flat draws (C, n, d), mean acceptance)`` of the check: HMC at the snapshot's arm, ``L_t ~ U{1..L}``.
+
+    The snapshot's values and, with ``data_logdensity = (make, data)`` (``make(data)`` is the log density),
+    the data's arrays are the compiled program's arguments, not constants: a refit on new data of the same
+    shapes then compiles the same program, which JAX's persistent compilation cache serves (docs/warm_start.md).
+    """
+    eps, max_steps = snapshot.arm
+    make, data = data_logdensity if data_logdensity is not None else ((lambda _: logdensity_fn), ())
+    arrays, rebuild = _split_data(data)
+    args = (jax.random.split(rng_key, start.shape[0]), start, jnp.asarray(eps, start.dtype),
+            jnp.asarray(max_steps, jnp.int32), jnp.asarray(snapshot.inverse_mass_matrix, start.dtype))
+    try:
+        draws, accept = _check_program(make, rebuild, unravel)(*args, arrays)
+    except jax.errors.JAXTypeError:  # a model that needs its data concrete (NumPy on it): the data as constants
+        draws, accept = _check_program(make, lambda _: data, unravel)(*args, [])
     return np.asarray(draws), float(np.nanmean(np.asarray(accept)))
 
 
 def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: str, fallback: str,
-                       first_row: int = 0):
+                       first_row: int = 0, data_logdensity=None):
     """``(snapshot or None, positions, report)`` for a run asked to start from ``warm_start``.
 
     ``positions`` has a leading chain axis.  The check runs its chains from the snapshot's positions
     (cycled to the chain count, from row ``first_row``); a fitting snapshot returns the check's last positions as the run's
     start.  A failing one warns (:class:`WarmStartWarning`, with the reason and ``fallback``, what the
-    caller does instead) and returns ``(None, positions, report)``.
+    caller does instead) and returns ``(None, positions, report)``.  ``data_logdensity``: see :func:`_check_run`.
     """
     snapshot = load_snapshot(warm_start)
     flat0, unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
@@ -124,7 +155,7 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
         if not finite:
             report = FitReport(False, "the log density is not finite at the snapshot's positions")
         else:
-            draws, acceptance = _check_run(logdensity_fn, snapshot, start, rng_key, unravel)
+            draws, acceptance = _check_run(logdensity_fn, snapshot, start, rng_key, unravel, data_logdensity)
             report = check_fit(snapshot, draws, acceptance)
     if not report.fits:
         warnings.warn(f"{name}: warm_start not used: {report.reason}. {fallback}", WarmStartWarning, stacklevel=3)

@@ -207,6 +207,7 @@ class AdaptiveHMC(MCMCKernel):
         snapshot, positions, _ = prepare_warm_start(
             self._logdensity_fn(model_args, model_kwargs), positions, self._warm_start, check_key,
             name="AdaptiveHMC", first_row=first_row,
+            data_logdensity=(lambda data: self._logdensity_fn(*data), (model_args, model_kwargs)),
             fallback=f"The tuner starts cold within num_warmup={self._num_warmup} (a cold warm-up wants about 1000)")
         self._run_options = {**self._options, "warm_start": snapshot}
         return positions, rng_key

@@ -37,6 +37,7 @@ MARKERS = {
     "rmhmc_pymc": "idata = pm.sample(step=AdaptiveRMHMC(metric=fisher_logistic_metric(X)))",
     "cross_validation": "cv = cross_validate(model, X, y,",
     "warm_start": 'tuning_snapshot(info, state).save("fit.json")',
+    "warm_start_no_recompile": "jit_model_args=True)",
     "readme_devices": "positions = shard_chains(jax.random.normal(key, (64, dim)))",
 }
 
@@ -300,3 +301,44 @@ def test_warm_start_block_runs(tmp_path, monkeypatch):
     assert (tmp_path / "fit.json").exists()
     assert np.asarray(names["info"].is_warmup).sum(axis=1).tolist() == [250] * 4
     assert names["samples"].shape == (4, 1000, 10)
+
+
+def test_warm_start_without_recompiling_block_runs(tmp_path, monkeypatch):
+    """The NumPyro refit block: a cold fit's snapshot, then the block's warm refit on a bootstrap resample
+    (the suite's conftest already keeps a compilation cache, so the block's cache line is left out)."""
+    pytest.importorskip("numpyro")
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveHMC, tuning_snapshot
+
+    def model(X, y):
+        b = numpyro.sample("b", dist.Normal(0.0, 3.0).expand([X.shape[1]]))
+        numpyro.sample("y", dist.Bernoulli(logits=X @ b), obs=y)
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    y = (rng.uniform(size=200) < 1 / (1 + np.exp(-X @ np.array([1.0, -0.5, 0.0])))).astype(float)
+    monkeypatch.chdir(tmp_path)
+    cold = MCMC(AdaptiveHMC(model), num_warmup=1000, num_samples=200, num_chains=4, chain_method="vectorized",
+                progress_bar=False, jit_model_args=True)
+    cold.run(jax.random.key(0), jnp.asarray(X), jnp.asarray(y))
+    tuning_snapshot(cold).save("snapshot.npz")
+    rows = rng.integers(0, 200, 200)
+    code = block("warm_start_no_recompile")
+    line = 'jax.config.update("jax_compilation_cache_dir", "/path/to/cache")'
+    assert line in code
+    code = code.replace(line, "pass").replace("num_samples=1000", "num_samples=200")
+    import warnings
+
+    from ahmc.adapters._jax_snapshot import WarmStartWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)  # the snapshot fits the refit
+        names = run(code, MCMC=MCMC, AdaptiveHMC=AdaptiveHMC, model=model, X_new=jnp.asarray(X[rows]),
+                    y_new=jnp.asarray(y[rows]))
+    samples = names["mcmc"].get_samples()["b"]
+    assert samples.shape == (800, 3) and np.all(np.isfinite(np.asarray(samples)))

@@ -337,3 +337,50 @@ def test_pymc_step_warm_start_bad_input(pymc_fit):
         with pytest.warns(WarmStartWarning, match="tune=80 leaves no room"):
             pm.sample(step=AdaptiveHMC(warm_start=snapshot), tune=80, draws=20, chains=1, progressbar=False,
                       compute_convergence_checks=False)
+
+
+def test_the_check_compiles_one_program_for_new_data_of_the_same_shapes():
+    """A refit's check takes the data's arrays as arguments: two datasets of one shape lower to the same
+    program (JAX's persistent compilation cache then serves the second), and the data are not constants
+    in it. A model that needs its data concrete still runs (the data then as constants)."""
+    from jax.flatten_util import ravel_pytree
+
+    from ahmc.adapters._jax_snapshot import _check_program, _split_data
+
+    def make(data):
+        X, y, scale = data["X"], data["y"], data["scale"]  # scale: a Python number, kept static
+        return lambda beta: -0.5 * jnp.sum((y - X @ beta["b"]) ** 2) - 0.5 * jnp.sum(beta["b"] ** 2) / scale
+
+    rng = np.random.default_rng(0)
+    datasets = [{"X": rng.normal(size=(50, 3)), "y": rng.normal(size=50), "scale": 4.0} for _ in range(2)]
+    _, unravel = ravel_pytree({"b": jnp.zeros(3)})
+    args = (jax.random.split(jax.random.key(0), 2), jnp.zeros((2, 3)), jnp.asarray(0.1), jnp.asarray(3, jnp.int32),
+            jnp.ones(3))
+    texts = []
+    for data in datasets:
+        arrays, rebuild = _split_data(data)
+        assert len(arrays) == 2  # X and y traced; the float stays static
+        texts.append(_check_program(make, rebuild, unravel).lower(*args, arrays).as_text())
+    assert texts[0] == texts[1]
+    assert f"{datasets[0]['y'][0]:.6f}"[:8] not in texts[0]
+    draws, accept = _check_program(make, lambda _: datasets[0], unravel)(*args, [])
+    assert draws.shape[:2] == (2, 60) and np.all(np.isfinite(np.asarray(accept)))
+
+
+def test_the_check_falls_back_to_constant_data_for_a_model_that_needs_it_concrete():
+    from types import SimpleNamespace
+
+    from jax.flatten_util import ravel_pytree
+
+    from ahmc.adapters._jax_snapshot import _check_run
+
+    def make(data):
+        y = np.asarray(data[0])  # NumPy on the data: it cannot be traced
+        return lambda beta: -0.5 * jnp.sum((y.mean() - beta["b"]) ** 2)
+
+    _, unravel = ravel_pytree({"b": jnp.zeros(2)})
+    snapshot = SimpleNamespace(arm=(0.5, 3), inverse_mass_matrix=np.ones(2))
+    draws, acceptance = _check_run(None, snapshot, jnp.zeros((2, 2)), jax.random.key(1), unravel,
+                                   (make, (np.arange(5.0),)))
+    assert draws.shape == (2, 60, 2) and 0 < acceptance <= 1
+    assert abs(draws.mean() - 2.0) < 0.5  # the target's mean, y.mean() = 2
