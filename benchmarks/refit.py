@@ -14,6 +14,11 @@ means against the cold run's (both MCSEs), and the largest R-hat.  Uses only the
 ``--route pymc`` refits the logistic regressions with ``pm.sample(step=AdaptiveHMC(warm_start=...))``
 instead (4 chains, ``cores=2``; tune 1000 cold, 250 warm, the snapshot's check inside the warm tune),
 the snapshot read off the earlier fit's DataTree by ``ahmc.adapters.pymc.tuning_snapshot``.
+
+``--route numpyro`` refits the logistic regressions with ``MCMC(AdaptiveHMC(model, warm_start=...))``, the data
+as model arguments (``jit_model_args=True``) and JAX's persistent compilation cache on (a fresh folder for
+the run), as a user who refits the same model daily would run it: the earlier fit compiles the programs and
+every refit, cold or warm, loads them (docs/warm_start.md, "Refits without compiling again").
 """
 
 from __future__ import annotations
@@ -137,11 +142,75 @@ def run_pymc(model, seed: int, num_warmup: int, warm_start=None) -> dict:
             "rhat": float(split_rhat(draws).max()), "snapshot": snapshot, "fell_back": fell_back}
 
 
+def numpyro_scenarios(name: str, rng):
+    """The logistic regressions' scenarios as ``(X, y)`` pairs (the rows of :func:`scenarios`)."""
+    from .models import standardize
+
+    X, y, _ = LOADERS[name]()
+    X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    rows = rng.integers(0, len(y), len(y))
+    first = int(0.9 * len(y))
+
+    def data(rows):  # each data set standardized on its own rows, as benchmarks.models.logistic_regression does
+        return standardize(X[rows]), y[rows]
+    yield "bootstrap", data(np.arange(len(y))), data(rows)
+    yield "+10% rows", data(np.arange(first)), data(np.arange(len(y)))
+
+
+def _numpyro_logistic(X, y):
+    """The benchmark's logistic regression (intercept and coefficients, prior variance 100) as a NumPyro model."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    from .models import PRIOR_VARIANCE
+
+    x = numpyro.sample("x", dist.Normal(0.0, float(np.sqrt(PRIOR_VARIANCE))).expand([X.shape[1] + 1]))
+    eta = x[0] + X @ x[1:]
+    numpyro.factor("loglik", jnp.sum(y * eta - jax.nn.softplus(eta)))
+
+
+def run_numpyro(data, seed: int, num_warmup: int, warm_start=None) -> dict:
+    """One NumPyro fit (warm-up, then draws), timed from the kernel's construction to the draws on the host."""
+    import jax.numpy as jnp
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveHMC, tuning_snapshot as numpyro_snapshot
+
+    X, y = (jnp.asarray(a) for a in data)
+    start = time.perf_counter()
+    mcmc = MCMC(AdaptiveHMC(_numpyro_logistic, warm_start=warm_start), num_warmup=num_warmup,
+                num_samples=NUM_SAMPLES, num_chains=NUM_CHAINS, chain_method="vectorized", progress_bar=False,
+                jit_model_args=True)
+    import warnings
+
+    from ahmc.core.snapshot import WarmStartWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", WarmStartWarning)
+        mcmc.warmup(jax.random.key(seed), X, y, extra_fields=("num_steps",), collect_warmup=True)
+    warmup_steps = np.asarray(mcmc.get_extra_fields()["num_steps"])
+    mcmc.run(mcmc.post_warmup_state.rng_key, X, y, extra_fields=("num_steps",))
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
+    seconds = time.perf_counter() - start
+    check = 0.0 if warm_start is None else NUM_CHAINS * CHECK_ITERATIONS * (warm_start.arm[1] + 1) / 2
+    grads = {"warmup": float(warmup_steps.sum()) + check,
+             "sampling": float(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())}
+    snapshot = numpyro_snapshot(mcmc)
+    return {"draws": draws, "seconds": seconds, "grads": grads, "ess": strict_ess(draws),
+            "rhat": float(split_rhat(draws).max()), "snapshot": snapshot,
+            "fell_back": any(issubclass(w.category, WarmStartWarning) for w in caught),
+            "why": [str(w.message) for w in caught if issubclass(w.category, WarmStartWarning)]}
+
+
 def compare(name: str, seeds: int, route: str = "blackjax") -> list[dict]:
     rows = []
-    fit, cases = (run_pymc, pymc_scenarios) if route == "pymc" else (run, scenarios)
+    fit, cases = {"pymc": (run_pymc, pymc_scenarios), "numpyro": (run_numpyro, numpyro_scenarios)}.get(
+        route, (run, scenarios))
     for label, earlier, refit in cases(name, np.random.default_rng(0)):
         snapshot = fit(earlier, 100, COLD_WARMUP)["snapshot"]
+        if route == "numpyro":  # the earlier day's warm refit: the warm programs are in the cache too
+            fit(earlier, 101, WARM_WARMUP, warm_start=snapshot)
         per_seed = []
         for seed in range(seeds):
             cold, warm = fit(refit, seed, COLD_WARMUP), fit(refit, seed, WARM_WARMUP, warm_start=snapshot)
@@ -184,10 +253,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--models", default=None, help="default: pima,breast_cancer,kidiq (pymc: no kidiq)")
-    parser.add_argument("--route", choices=("blackjax", "pymc"), default="blackjax")
+    parser.add_argument("--route", choices=("blackjax", "numpyro", "pymc"), default="blackjax")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
-    models = args.models or ("pima,breast_cancer" if args.route == "pymc" else "pima,breast_cancer,kidiq")
+    if args.route == "numpyro":  # refits load the earlier fit's compiled programs
+        import tempfile
+
+        jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="ahmc-refit-cache-"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    models = args.models or ("pima,breast_cancer,kidiq" if args.route == "blackjax" else "pima,breast_cancer")
     rows = [row for name in models.split(",") for row in compare(name, args.seeds, args.route)]
     print(table(rows))
 
