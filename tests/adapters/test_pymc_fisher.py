@@ -18,6 +18,22 @@ import pytensor.tensor as pt  # noqa: E402
 from ahmc.adapters.pymc import AdaptiveRMHMC  # noqa: E402
 from tests.reference import assert_moments_match  # noqa: E402
 
+SAMPLING_TESTS = {"test_hierarchical_model_moments", "test_beta_inverse_gamma_uniform_and_laplace_variables_sample_their_posteriors"}
+
+
+@pytest.fixture(autouse=True)
+def fast_compile(request):
+    """Tests that only evaluate the metric once compile it in PyTensor's FAST_COMPILE mode (Python
+    implementations, few rewrites): a Numba compile of a Fisher metric's derivative took 50-80 s with a
+    cold cache (a new machine) and bought nothing for one evaluation. The sampling tests keep the default."""
+    if request.node.originalname in SAMPLING_TESTS:
+        yield
+        return
+    import pytensor
+
+    with pytensor.config.change_flags(mode="FAST_COMPILE"):
+        yield
+
 QUIET = dict(progressbar=False, compute_convergence_checks=False)
 
 
