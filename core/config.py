@@ -185,8 +185,8 @@ class WarmupConfig:
         None, "The mass-matrix estimator, by its name in BlackJAX's `metric_recipes`: `\"welford_diag\"` (Stan's), "
               "`\"welford_dense\"`, `\"fisher_diag\"` or `\"fisher_low_rank\"` (nutpie's, from draws and "
               "gradients; carried as a dense matrix). `None`: `\"fisher_low_rank\"` up to d = 200 and "
-              "`\"welford_diag\"` above (JAX routes; the PyMC step: Welford), or Welford as `dense_mass` says "
-              "when it is given.")
+              "`\"welford_diag\"` above (JAX routes; the PyMC step: Welford, and it takes `\"fisher_diag\"` but "
+              "not the low-rank one), or Welford as `dense_mass` says when it is given.")
     target_acceptance_rate: float = _option(0.8, "Dual averaging's target in the metric phase.")
     initial_step_size: float | None = _option(None, "First step size of dual averaging. `None`: 1.0 (PyMC: its "
                                                     "own `step_scale / d^(1/4)`).")

@@ -154,7 +154,7 @@ class _PooledChains:
         potential = self.potential
         if type(potential) is _WarmupDiagAdapt:
             potential = _SharedDiagAdapt(potential._n, np.zeros(potential._n), np.ones(potential._n), 10,
-                                         rng=potential.rng)
+                                         rng=potential.rng, fisher=potential.fisher)
             self._shared_potential = True
         else:  # dense adaptation or a fixed metric: one copy per chain
             self._shared_potential = False

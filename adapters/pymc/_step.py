@@ -144,6 +144,11 @@ class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
 
     _state_class = _WarmupDiagAdaptState
 
+    def __init__(self, *args, fisher=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        # metric_recipe="fisher_diag": nutpie's sqrt(var x / var grad) from the same windows, instead of var x
+        self.fisher = bool(fisher)
+
     def reset(self):
         super().reset()
         self.is_adapting = True
@@ -165,7 +170,7 @@ class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
         if count > self._discard_window:  # the draws PyMC's windows take
             self._add_to_windows(sample, grad)
         if (self._early_update or count > window) and self._draws_foreground.n_samples > 1:  # PyMC set _var
-            self._rescue_unexplored()
+            self._set_fisher() if self.fisher else self._rescue_unexplored()
         if count > 0 and count % window == 0:  # PyMC's background window became the foreground
             self._draws_foreground, self._grads_foreground = self._draws_background, self._grads_background
             self._draws_background, self._grads_background = self._new_window()
@@ -182,6 +187,15 @@ class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
         grad_variance = grads.current_variance()
         variance = rescue_unexplored(self._var, draws.current_variance(), grad_variance,
                                      grad_variance + grads.mean ** 2)  # (PyMC's current_mean fails on numpy 2)
+        self.set_variance(np.clip(variance, 1e-12, 1e12))  # PyMC's own clip
+
+    def _set_fisher(self):
+        """nutpie's diagonal from the window's draws and gradients (exact for a Gaussian); a coordinate whose
+        gradient does not vary keeps PyMC's draw variance."""
+        draw_variance = self._draws_foreground.current_variance()
+        grad_variance = self._grads_foreground.current_variance()
+        fisher = np.sqrt(draw_variance / np.where(grad_variance > 0, grad_variance, 1.0))
+        variance = np.where((grad_variance > 0) & (draw_variance > 0), fisher, self._var)
         self.set_variance(np.clip(variance, 1e-12, 1e12))  # PyMC's own clip
 
     def set_variance(self, variance):
@@ -396,11 +410,11 @@ def _pymc_tuning(tuning: dict, kwargs: dict, owner: str) -> tuple:
     recipe = tuning.pop("metric_recipe", None)
     if recipe is not None:
         _, dense = resolve_metric_recipe(recipe, tuning.get("dense_mass", False))
-        if recipe.startswith("fisher"):
+        if recipe == "fisher_low_rank":
             raise ValueError(
-                f"{owner}: metric_recipe={recipe!r} runs in the JAX routes only (BlackJAX's estimator, from draws and "
-                "gradients); the PyMC step estimates a Welford matrix. Use ahmc.adapters.pymc.sample_numpyro_ahmc("
-                f"metric_recipe={recipe!r}) for this model, or metric_recipe='welford_diag' / 'welford_dense' here.")
+                f"{owner}: metric_recipe={recipe!r} runs in the JAX routes only (BlackJAX's estimator); the PyMC step "
+                "estimates 'welford_diag', 'welford_dense' or 'fisher_diag'. Use ahmc.adapters.pymc.sample_numpyro_ahmc("
+                f"metric_recipe={recipe!r}) for this model, or one of those here.")
         tuning["dense_mass"] = dense
     if "target_acceptance_rate" in tuning:
         if "target_accept" in kwargs:
@@ -527,6 +541,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
     def __init__(self, vars=None, *, config=None, paper_preset=False, pooled=False, model=None, **kwargs):
         warm_start = kwargs.pop("warm_start", None)
         tuning, kwargs = resolve_options({"config": config, "paper_preset": paper_preset, **kwargs}, type(self).__name__)
+        self._fisher_diag = tuning.get("metric_recipe") == "fisher_diag"
         (step_size_bounds, num_steps_bounds, round_length, objective, divergence_penalty, jump_estimate, schedule, k,
          decay, freeze_after, adapt_mass_matrix, initial_step_size, metric_fraction, step_size_factors,
          max_integration_time, warmup_integration_time, num_steps_cap, num_step_sizes, exploit_after_warmup,
@@ -625,7 +640,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         if dense_mass and not (auto and size > DENSE_AUTO_MAX_DIM):
             return _WarmupFullAdapt(size, np.zeros(size), np.eye(size), 10, rng=rng, auto=auto)
         if adapt_mass_matrix:
-            return _WarmupDiagAdapt(size, np.zeros(size), np.ones(size), 10, rng=rng)
+            return _WarmupDiagAdapt(size, np.zeros(size), np.ones(size), 10, rng=rng, fisher=self._fisher_diag)
         return QuadPotentialDiag(np.ones(size, dtype=self.potential.dtype), rng=rng)
 
     # ---- per-chain state -------------------------------------------------------------------

@@ -218,3 +218,28 @@ def test_posteriordb_reference(route, name):
             idata = sample_numpyro_ahmc(1000, tune=1000, chains=4, random_seed=3, progressbar=False,
                                         compute_convergence_checks=False)
     assert_reference_match({v: idata.posterior[v].values for v in ref["dimensions"]}, name)
+
+
+def test_fisher_diag_metric_finds_the_scales_and_samples_the_target():
+    """metric_recipe="fisher_diag" in the step: nutpie's sqrt(var x / var grad) from PyMC's own windows,
+    exact for a Gaussian, so the learned variances are the posterior's; the draws' moments within MC error."""
+    sds = np.logspace(-2, 2, 5)
+    mu = np.linspace(-1.0, 1.0, 5)
+    with pm.Model():
+        pm.Normal("x", mu, sds, shape=5)
+        step = AdaptiveHMC(metric_recipe="fisher_diag")
+        idata = pm.sample(step=step, tune=500, draws=1000, chains=2, cores=1, random_seed=4, **QUIET)
+    x = idata.posterior["x"].values
+    assert_means((x - mu) / sds, np.zeros(5))
+    assert_means(((x - mu) / sds) ** 2, np.ones(5))
+    # For a Gaussian grad = -(x - mu) / sd^2, so var(grad) = var(x) / sd^4 for any draws: the estimate is exact
+    # (a draw variance would be off by its sampling error, about 10% here).
+    learned = step.potential._var  # the last chain's metric, fixed since its warm-up
+    np.testing.assert_allclose(learned, sds ** 2, rtol=1e-6)
+
+
+def test_the_step_refuses_the_low_rank_recipe_with_the_route_that_has_it():
+    with pm.Model():
+        pm.Normal("x", 0.0, 1.0, shape=2)
+        with pytest.raises(ValueError, match="sample_numpyro_ahmc"):
+            AdaptiveHMC(metric_recipe="fisher_low_rank")
