@@ -1058,6 +1058,8 @@ BY_NAME_SAMPLERS: dict[str, Runner] = {
     # the metric phase's other estimators (BlackJAX's metric_recipes): docs/decisions.md, "The mass-matrix estimator"
     "ahmc_numpyro_fisher_diag": _with_defaults(run_ahmc_numpyro, "nutpie's Fisher diagonal",
                                                metric_recipe="fisher_diag"),
+    "ahmc_pymc_fisher_diag": _with_defaults(run_ahmc_pymc, "nutpie's Fisher diagonal from PyMC's windows",
+                                            metric_recipe="fisher_diag"),
     "ahmc_numpyro_low_rank": _with_defaults(run_ahmc_numpyro, "nutpie's Fisher low-rank matrix",
                                             metric_recipe="fisher_low_rank"),
     "ahmc_numpyro_welford_diag": _with_defaults(run_ahmc_numpyro, "Stan's Welford diagonal (the default before "
