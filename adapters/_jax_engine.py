@@ -284,8 +284,7 @@ def build_engine(
     step_size_bounds: tuple[float, float] | None = _DEFAULT.box.step_size_bounds,
     num_steps_bounds: tuple[int, int] | None = _DEFAULT.box.num_steps_bounds,
     adapt_mass_matrix: bool = _DEFAULT.warmup.adapt_mass_matrix,
-    inverse_mass_matrix=None,
-    dense_mass: bool | str = _DEFAULT.warmup.dense_mass,
+    inverse_mass_matrix=None, dense_mass: bool | str = _DEFAULT.warmup.dense_mass,
     metric_recipe: str | None = _DEFAULT.warmup.metric_recipe,
     pooled: bool = True,
     round_length: int = _DEFAULT.schedule.round_length,
@@ -294,37 +293,28 @@ def build_engine(
     max_integration_time: float = _DEFAULT.box.max_integration_time,
     warmup_integration_time: float = _DEFAULT.warmup.warmup_integration_time,
     num_steps_cap: int = _DEFAULT.box.num_steps_cap,
-    num_step_sizes: int = _DEFAULT.box.num_step_sizes,
-    num_num_steps: int = _DEFAULT.box.num_num_steps,
+    num_step_sizes: int = _DEFAULT.box.num_step_sizes, num_num_steps: int = _DEFAULT.box.num_num_steps,
     log_step_size: bool = _DEFAULT.box.log_step_size,
     target_acceptance_rate: float = _DEFAULT.warmup.target_acceptance_rate,
     initial_step_size: float | None = _DEFAULT.warmup.initial_step_size,
     objective: str | Callable = _DEFAULT.reward.objective,
     divergence_penalty: float = _DEFAULT.reward.divergence_penalty,
     exploit_after_warmup: bool = _DEFAULT.schedule.exploit_after_warmup,
-    schedule: str = _DEFAULT.schedule.schedule,
-    k: int | None = _DEFAULT.schedule.k,
-    decay: float = _DEFAULT.schedule.decay,
-    freeze_after: int | str | None = _DEFAULT.schedule.freeze_after,
-    capacity: int = _DEFAULT.gp.capacity,
-    lengthscale: float = _DEFAULT.gp.lengthscale,
-    noise_variance: float | None = _DEFAULT.gp.noise_variance,
-    alpha: float = _DEFAULT.gp.alpha,
+    schedule: str = _DEFAULT.schedule.schedule, k: int | None = _DEFAULT.schedule.k,
+    decay: float = _DEFAULT.schedule.decay, freeze_after: int | str | None = _DEFAULT.schedule.freeze_after,
+    # the GP (ahmc.core.config.GPConfig)
+    capacity: int = _DEFAULT.gp.capacity, lengthscale: float = _DEFAULT.gp.lengthscale,
+    noise_variance: float | None = _DEFAULT.gp.noise_variance, alpha: float = _DEFAULT.gp.alpha,
     delta: float = _DEFAULT.gp.delta,
-    integrator: Callable = integrators.velocity_verlet,
-    divergence_threshold: float = 1000.0,
+    # how the chains run (the module's text)
+    integrator: Callable = integrators.velocity_verlet, divergence_threshold: float = 1000.0,
     kernel: Callable | None = None,
     restart_lost_chains: bool = _DEFAULT.warmup.restart_lost_chains,
-    warm_start_weight: float = _DEFAULT.warmup.warm_start_weight,
-    warm_start: Any = None,
-    initial_arm: tuple[float, int] | None = None,
-    chain_data: Any = None,
-    round_end_fn: Callable | None = None,
-    round_end_state: Any = None,
-    super_transitions: int | None = None,
-    shared_num_steps: bool = True,
-    min_steps_fraction: float = _DEFAULT.box.min_steps_fraction,
-    sequential_chains: bool = False,
+    warm_start_weight: float = _DEFAULT.warmup.warm_start_weight, warm_start: Any = None,
+    initial_arm: tuple[float, int] | None = None, chain_data: Any = None,
+    round_end_fn: Callable | None = None, round_end_state: Any = None,
+    super_transitions: int | None = None, shared_num_steps: bool = True,
+    min_steps_fraction: float = _DEFAULT.box.min_steps_fraction, sequential_chains: bool = False,
     jump_estimate: str | None = _DEFAULT.reward.jump_estimate,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
@@ -377,10 +367,10 @@ def build_engine(
     rounds = _rounds(tuner, space, box0, config, plan, round_end_fn=round_end_fn, super_transitions=super_transitions,
                      exploit_after_warmup=exploit_after_warmup)
     parts = _Parts(
-        config=config, logdensity_fn=logdensity_fn, chain_data=chain_data, plan=plan, pooled=bool(pooled), kernel=chain_kernel,
+        config=config, logdensity_fn=logdensity_fn, chain_data=chain_data, plan=plan, kernel=chain_kernel,
         warmup=warmup, rounds=rounds, tuner=tuner, box0=box0, inverse_mass_matrix=inverse_mass_matrix,
         dense_mass=dense_mass, initial_step_size=1.0 if initial_step_size is None else initial_step_size,
-        target_acceptance_rate=target_acceptance_rate, use_center=use_center, round_end_fn=round_end_fn,
+        use_center=use_center, round_end_fn=round_end_fn,
         round_end_state=round_end_state, super_transitions=super_transitions,
         buffer_length=int(super_transitions) if super_transitions else int(round_length), tuner_prior=tuner_prior)
     return Engine(init=partial(_init, parts), step=partial(_step, parts), parameters=partial(_parameters, parts),
@@ -439,7 +429,6 @@ class _Parts(NamedTuple):
     logdensity_fn: Callable
     chain_data: Any
     plan: WarmupPlan
-    pooled: bool
     kernel: ChainKernel
     warmup: Warmup
     rounds: Rounds
@@ -448,7 +437,6 @@ class _Parts(NamedTuple):
     inverse_mass_matrix: Any
     dense_mass: Any
     initial_step_size: float
-    target_acceptance_rate: float
     use_center: bool
     round_end_fn: Callable | None
     round_end_state: Any
@@ -577,7 +565,7 @@ def _init(parts: _Parts, positions, rng_key=None) -> EngineState:
                                    parts.tuner_prior)
     else:
         tuner_state = parts.tuner.init(xp=jnp, dtype=dtype)
-    if not parts.pooled:
+    if not parts.config.pooled:
         tuner_state = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_chains, *x.shape)), tuner_state)
     box = SearchBox(jnp.asarray(parts.box0[0], dtype), jnp.asarray(parts.box0[1], jnp.int32))
     eps0 = jnp.asarray(parts.initial_step_size, dtype)
@@ -591,7 +579,7 @@ def _init(parts: _Parts, positions, rng_key=None) -> EngineState:
         def kernel_generator(eps):
             return lambda key, state: parts.kernel.base(key, state, chain0, eps, imm, 1)
 
-        eps0 = find_reasonable_step_size(key, kernel_generator, ref, eps0, parts.target_acceptance_rate)
+        eps0 = find_reasonable_step_size(key, kernel_generator, ref, eps0, parts.config.target_acceptance_rate)
     warmup = parts.warmup
     return EngineState(
         position=positions, logdensity=logdensity, logdensity_grad=grad, iteration=jnp.asarray(0, jnp.int32),
@@ -675,7 +663,7 @@ def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, ro
         eps, max_steps = jnp.where(in_metric_phase, warm_eps, arm_eps), jnp.where(in_metric_phase, warm_l, arm_l)
     data = () if parts.chain_data is None else (parts.chain_data,)
     new, hmc_info, num_taken = parts.kernel.step(key_hmc, state, eps, max_steps,
-                                                 max_steps[0] if parts.pooled else None, data)
+                                                 max_steps[0] if parts.config.pooled else None, data)
     if sampling:  # the warm-up adaptation is done: its state carries over unchanged
         warm = WarmupState(state.step_size_adaptation, state.mass_matrix_adaptation, state.inverse_mass_matrix,
                            state.whitening, state.center, state.box, state.window)
@@ -763,7 +751,7 @@ def _advance_round(parts: _Parts, key_tuner, state, new, stats, warm, arm_l, in_
 
 def _parameters(parts: _Parts, state: EngineState) -> dict:
     """Current sampler parameters: the arm's (per chain when not pooled); in the metric phase the DA ones."""
-    if parts.pooled:
+    if parts.config.pooled:
         eps, steps = parts.rounds.arm(state.tuner, state.box)
     else:
         eps, steps = parts.rounds.chain_arms(state.tuner, state.box, state.logdensity.shape[0])
@@ -807,7 +795,7 @@ def _scan_draws_of(parts: _Parts, rng_key, state: EngineState, num_samples: int,
             (num_rounds, plan.round_length) + keys.shape[1:])
         # A pooled tuner without a hook, after warm-up (the exploit step lies in the warm-up): rounds run in
         # segments (:func:`ahmc.adapters._jax_rounds.segmented_rounds`).  Otherwise one round per scan step.
-        if parts.pooled and parts.round_end_fn is None and first_iteration >= plan.num_warmup:
+        if parts.config.pooled and parts.round_end_fn is None and first_iteration >= plan.num_warmup:
             state, out = parts.rounds.segmented(inner, state, blocks)
         else:
             def one_round(state, round_keys):
