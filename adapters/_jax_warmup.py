@@ -456,7 +456,7 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
         new_imm = rescue_scales(new_imm.astype(dtype), moments, uses_fisher(mm_state))
         restart = step_size_state(jnp.exp(da_state.log_step_size))
         fresh = _fresh_moments(moments.mean_x.shape[0], dtype)
-        return MetricAdaptation(mm_state, fresh), new_imm.astype(dtype), restart, window_mean
+        return MetricAdaptation(mm_state, fresh), new_imm, restart, window_mean
 
     def adapt_metric(state, flat_new, flat_grad, da_state, in_metric_phase, phase_it):
         """The pooled estimator takes the chains' positions (and gradients) in a slow window and closes at its end."""

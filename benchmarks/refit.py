@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
 
 from ahmc.adapters.blackjax import run_chains, tuning_snapshot
-from ahmc.core.snapshot import CHECK_ITERATIONS
+from ahmc.core.snapshot import CHECK_ITERATIONS, WarmStartWarning
 
 from .metrics import bulk_ess, split_rhat
 from .models import load_breast_cancer, load_pima, logistic_regression
@@ -182,10 +183,6 @@ def run_numpyro(data, seed: int, num_warmup: int, warm_start=None) -> dict:
     mcmc = MCMC(AdaptiveHMC(_numpyro_logistic, warm_start=warm_start), num_warmup=num_warmup,
                 num_samples=NUM_SAMPLES, num_chains=NUM_CHAINS, chain_method="vectorized", progress_bar=False,
                 jit_model_args=True)
-    import warnings
-
-    from ahmc.core.snapshot import WarmStartWarning
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", WarmStartWarning)
         mcmc.warmup(jax.random.key(seed), X, y, extra_fields=("num_steps",), collect_warmup=True)

@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 __all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "METRIC_RECIPES", "correlation_excess", "prefers_dense",
-           "rescale_diagonal", "rescue_unexplored", "resolve_metric_recipe", "shrink_correlations"]
+           "fisher_diagonal", "rescale_diagonal", "rescue_unexplored", "resolve_metric_recipe", "shrink_correlations"]
 
 #: The mass-matrix estimators the metric phase can run, by their names in BlackJAX 1.7's
 #: ``blackjax.adaptation.metric_recipes``: Stan's Welford diagonal and dense covariance, and nutpie's
@@ -129,9 +129,17 @@ def rescue_unexplored(variance, draw_variance, grad_variance, grad_mean_square, 
     chain has moved, since there ``var g = var x / sigma^4``.  Coordinates that pass the bound above, or
     whose gradient does not vary, keep ``variance``.
     """
-    unexplored = (draw_variance * grad_mean_square < UNEXPLORED_PRODUCT) & (grad_variance > 0) & (draw_variance > 0)
-    fisher = xp.sqrt(xp.where(unexplored, draw_variance, 1.0) / xp.where(unexplored, grad_variance, 1.0))
+    unexplored = draw_variance * grad_mean_square < UNEXPLORED_PRODUCT
+    fisher = fisher_diagonal(variance, draw_variance, grad_variance, xp)
     return xp.where(unexplored, xp.maximum(fisher, variance), variance)
+
+
+def fisher_diagonal(variance, draw_variance, grad_variance, xp=np):
+    """nutpie's diagonal ``sqrt(var x / var g)`` per coordinate; where the draws or the gradient do not vary,
+    ``variance`` (the estimate in force)."""
+    usable = (grad_variance > 0) & (draw_variance > 0)
+    fisher = xp.sqrt(xp.where(usable, draw_variance, 1.0) / xp.where(usable, grad_variance, 1.0))
+    return xp.where(usable, fisher, variance)
 
 
 def rescale_diagonal(matrix, variance, xp=np):

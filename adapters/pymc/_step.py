@@ -52,8 +52,8 @@ from ahmc.core.options import check_option_names, whole_number_pair  # noqa: E40
 from ahmc.core.objectives import (DEFAULT_DIVERGENCE_PENALTY, NONFINITE_REWARD_MESSAGE, get_objective,
                                   needs_center, round_arrays, round_init, round_update, step_jumps_estimate,
                                   step_jumps_init, step_jumps_update)
-from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, prefers_dense, rescale_diagonal,
-                                   rescue_unexplored, resolve_metric_recipe, shrink_correlations)
+from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, fisher_diagonal, prefers_dense,
+                                   rescale_diagonal, rescue_unexplored, resolve_metric_recipe, shrink_correlations)
 from ahmc.core.space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, check_min_steps_fraction,
                              min_num_steps)
 from ahmc.core.tuner import adapt_probability
@@ -192,10 +192,8 @@ class _WarmupDiagAdapt(QuadPotentialDiagAdapt):
     def _set_fisher(self):
         """nutpie's diagonal from the window's draws and gradients (exact for a Gaussian); a coordinate whose
         gradient does not vary keeps PyMC's draw variance."""
-        draw_variance = self._draws_foreground.current_variance()
-        grad_variance = self._grads_foreground.current_variance()
-        fisher = np.sqrt(draw_variance / np.where(grad_variance > 0, grad_variance, 1.0))
-        variance = np.where((grad_variance > 0) & (draw_variance > 0), fisher, self._var)
+        variance = fisher_diagonal(self._var, self._draws_foreground.current_variance(),
+                                   self._grads_foreground.current_variance())
         self.set_variance(np.clip(variance, 1e-12, 1e12))  # PyMC's own clip
 
     def set_variance(self, variance):
