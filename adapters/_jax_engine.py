@@ -842,10 +842,11 @@ def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000,
     ``samples`` has leading axes ``(chains, num_samples)``; ``info`` fields have shape
     ``(num_warmup + num_samples, chains)``, warm-up first.  ``build`` makes the engine
     (default :func:`build_engine`; the RMHMC entry point passes its own).  The public
-    entry points are :func:`ahmc.adapters.blackjax.run_chains` and ``run_rmhmc_chains``.
+    entry point is :func:`ahmc.adapters.blackjax.run_chains` (``metric=`` for RMHMC).
     """
-    engine = _engine_for(build or build_engine, logdensity_fn, num_warmup, options)
-    if build is None and engine.scan_draws is not None:
+    build = build or build_engine
+    engine = _engine_for(build, logdensity_fn, num_warmup, options)
+    if build is build_engine and engine.scan_draws is not None:
         # The plain engine: the whole run is one compiled program (initial state, warm-up, draws), which
         # compiles in about two thirds of the time of the two phases apart and skips the eager
         # initialisation; a start outside the support is still refused before it (cheap compile).

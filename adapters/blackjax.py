@@ -15,10 +15,17 @@ Three entry points, in BlackJAX's conventions:
   ``freeze_after`` stops it.  :func:`pooled_adaptive_hmc` ``(logdensity_fn, num_chains)`` is the
   many-chain form whose chains share one tuner.
 * :func:`run_chains` -- warm-up + sampling in one call, for scripts and benchmarks.
-* Riemann-manifold HMC: :func:`gpucb_rmhmc_adaptation`, :func:`uniform_steps_rmhmc`,
-  :func:`adaptive_rmhmc`, :func:`run_rmhmc_chains` (same knobs plus ``metric``; the
-  automatic box's ``max_integration_time`` defaults to 2 pi with ``fisher_logistic_metric``;
-  see the section at the end of this module).
+* Riemann-manifold HMC (Girolami & Calderhead 2011, the paper's second sampler): every entry point
+  above with ``metric=`` -- ``"softabs"``, ``"diagonal_softabs"`` (SoftAbs of the Hessian's diagonal),
+  a callable ``flat_position -> (d, d) matrix or (d,) diagonal``, :func:`fisher_logistic_metric`
+  ``(X)`` or :func:`constant_metric` ``(G)`` (plain HMC with the dense inverse mass matrix ``G^-1``).
+  Its own knobs: ``softabs_alpha`` (1e6), ``fixed_point_tolerance`` (max-abs change of the implicit
+  solve's iterates; None = 1e-6 in float64, 1e-4 in float32), ``max_fixed_point_iterations`` (30).
+  The warm-up then adapts the step size alone (``G(x)`` is the metric: ``adapt_mass_matrix``,
+  ``inverse_mass_matrix``, ``dense_mass`` and ``metric_recipe`` do not apply); the automatic box's
+  ``max_integration_time`` is 2 pi with :func:`fisher_logistic_metric`, else 4 pi; the cost of a run
+  is ``info.num_gradient_evals`` (gradients plus metric evaluations).  Give the kernel the same
+  ``metric`` as the adaptation: ``uniform_steps_hmc(logdensity_fn, **parameters, metric=metric)``.
 
 In :func:`gpucb_adaptation`, :func:`pooled_adaptive_hmc` and :func:`run_chains`, chains live on a
 leading axis of ``positions`` and advance together (like BlackJAX's ensemble adaptations): with the
@@ -94,20 +101,30 @@ __all__ = [
     "shard_chains",
     "tuning_snapshot",
     "TuningSnapshot",
-    "gpucb_rmhmc_adaptation",
-    "uniform_steps_rmhmc",
-    "adaptive_rmhmc",
-    "pooled_adaptive_rmhmc",
-    "run_rmhmc_chains",
     "constant_metric",
     "fisher_logistic_metric",
-    "RMHMCInfo",
     "EngineInfo",
     "EngineState",
-    "SearchBox",
 ]
 
 PAPER_PRESET = {**PAPER_SETTINGS, "shared_num_steps": False}  # Algorithm 2 as published (docs/options.md)
+
+#: Options of the Riemann-manifold kernel: they need ``metric=``.
+_RMHMC_KERNEL_OPTIONS = ("softabs_alpha", "fixed_point_tolerance", "max_fixed_point_iterations")
+
+
+def _builder(metric, options: dict, name: str):
+    """``(build, options)``: the HMC engine, or with a ``metric`` the RMHMC engine and its options."""
+    if metric is None:
+        given = [option for option in _RMHMC_KERNEL_OPTIONS if option in options]
+        if given:
+            raise ValueError(f"{name}: {given[0]}= applies to Riemann-manifold HMC only; pass metric='softabs' "
+                             f"(or another metric) with it, or drop {given[0]}.")
+        return build_engine, options
+    if options.get("warm_start") is not None:
+        raise ValueError(f"{name}: warm_start is not available with metric= (RMHMC) yet; drop warm_start, or "
+                         "warm-start plain HMC (no metric=).")
+    return build_rmhmc_engine, {**options, "metric": metric}
 
 
 class GPUCBAdaptationInfo(NamedTuple):
@@ -138,9 +155,11 @@ class GPUCBAdaptationInfo(NamedTuple):
 def uniform_steps_hmc(
     logdensity_fn: Callable,
     step_size: float,
-    inverse_mass_matrix,
-    num_integration_steps: int,
+    inverse_mass_matrix=None,
+    num_integration_steps: int | None = None,
     min_steps_fraction: float = 0.0,
+    *,
+    metric: Any = None,
     **kwargs,
 ) -> SamplingAlgorithm:
     """HMC drawing its number of leapfrog steps uniformly from ``{1..num_integration_steps}``.
@@ -153,6 +172,11 @@ def uniform_steps_hmc(
     ``kwargs`` go to ``blackjax.dynamic_hmc`` (``integrator``,
     ``divergence_threshold``).
 
+    With ``metric=`` (see the module docstring) it is Riemann-manifold HMC, for one chain:
+    ``init(position) -> HMCState``, ``step(rng_key, state) -> (HMCState, RMHMCInfo)``; there is no
+    ``inverse_mass_matrix``, and ``kwargs`` are the metric's knobs and ``divergence_threshold``.  A
+    fixed-point solve that does not converge rejects the proposal (``info.fixed_point_converged``).
+
     Examples
     --------
     >>> (state, parameters), _ = gpucb_adaptation(logdensity_fn).run(key, positions, 1000)  # doctest: +SKIP
@@ -160,6 +184,18 @@ def uniform_steps_hmc(
     >>> state, info = jax.vmap(kernel.step)(jax.random.split(key, num_chains), state)       # doctest: +SKIP
     """
 
+    if num_integration_steps is None:
+        raise ValueError("uniform_steps_hmc needs num_integration_steps (the maximum L): pass the adaptation's "
+                         "parameters, uniform_steps_hmc(logdensity_fn, **parameters).")
+    if metric is not None:
+        if inverse_mass_matrix is not None:
+            raise ValueError("uniform_steps_hmc: inverse_mass_matrix does not apply with metric= (G(x) is the "
+                             "metric); pass metric=constant_metric(G) for a fixed dense metric.")
+        return _uniform_steps_rmhmc(logdensity_fn, step_size, num_integration_steps, min_steps_fraction, metric,
+                                    **kwargs)
+    if inverse_mass_matrix is None:
+        raise ValueError("uniform_steps_hmc needs inverse_mass_matrix (the adaptation's parameters give it), or "
+                         "metric= for Riemann-manifold HMC.")
     fraction = check_min_steps_fraction(min_steps_fraction)
 
     def integration_steps_fn(random_generator_arg, max_num_steps):
@@ -176,7 +212,8 @@ def uniform_steps_hmc(
     )
 
 
-def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **options) -> AdaptationAlgorithm:
+def gpucb_adaptation(logdensity_fn: Callable, *, metric: Any = None, paper_preset: bool = False,
+                     **options) -> AdaptationAlgorithm:
     """Warm up adaptive HMC: mass matrix, step size, then GP-UCB over ``(eps, L)``.
 
     Returns ``AdaptationAlgorithm(run)`` with
@@ -189,31 +226,42 @@ def gpucb_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **o
     ``options``: see the module docstring.  Raises ``ValueError`` if the log
     density is not finite at a starting position.
 
+    With ``metric=`` (Riemann-manifold HMC) the warm-up adapts the step size, then GP-UCB; ``state`` is
+    a batched ``HMCState`` and ``parameters`` (``step_size``, ``num_integration_steps``,
+    ``min_steps_fraction``) plug into ``uniform_steps_hmc(logdensity_fn, **parameters, metric=metric)``.
+
     Examples
     --------
     >>> warmup = gpucb_adaptation(logdensity_fn)                                      # doctest: +SKIP
     >>> (state, parameters), info = warmup.run(jax.random.key(0), positions, 1000)  # doctest: +SKIP
     """
-    options = {**options, "paper_preset": paper_preset}
+    name = "gpucb_adaptation(...).run"
+    build, options = _builder(metric, {**options, "paper_preset": paper_preset}, "gpucb_adaptation")
 
     def run(rng_key, positions, num_steps: int = 1000):
-        check_chain_batch(logdensity_fn, positions, "gpucb_adaptation(...).run")
+        check_chain_batch(logdensity_fn, positions, name)
         run_options, positions, num_steps, rng_key = _warm_start(
-            logdensity_fn, positions, options, num_steps, rng_key, "gpucb_adaptation(...).run")
-        engine = build_engine(logdensity_fn, num_warmup=num_steps, **run_options)
+            logdensity_fn, positions, options, num_steps, rng_key, name)
+        engine = build(logdensity_fn, num_warmup=num_steps, **run_options)
         init_key, run_key, generator_key = jax.random.split(rng_key, 3)
-        with mesh_context(positions, "gpucb_adaptation(...).run"):  # sharded chains stay sharded
+        with mesh_context(positions, name):  # sharded chains stay sharded
             state = engine.init(positions, init_key)
             state, info = _scan(engine.step, run_key, state, num_steps, False)
-        num_chains = state.logdensity.shape[0]
-        chain_state = DynamicHMCState(
-            state.position, state.logdensity, state.logdensity_grad,
-            jax.random.split(generator_key, num_chains),
-        )
-        results = AdaptationResults(chain_state, engine.parameters(state))
+        results = AdaptationResults(*_kernel_start(engine, state, metric, generator_key))
         return results, GPUCBAdaptationInfo(info, state.box, state.tuner, state)
 
     return AdaptationAlgorithm(run)
+
+
+def _kernel_start(engine, state: EngineState, metric, generator_key) -> tuple:
+    """``(chain states, parameters)`` for :func:`uniform_steps_hmc` from the adaptation's final state."""
+    parameters = engine.parameters(state)
+    if metric is not None:  # RMHMC: blackjax.hmc's state, no mass matrix
+        chain_state = blackjax.mcmc.hmc.HMCState(state.position, state.logdensity, state.logdensity_grad)
+        return chain_state, {name: parameters[name] for name in
+                             ("step_size", "num_integration_steps", "min_steps_fraction")}
+    keys = jax.random.split(generator_key, state.logdensity.shape[0])
+    return DynamicHMCState(state.position, state.logdensity, state.logdensity_grad, keys), parameters
 
 
 def _chains_first(info):
@@ -273,6 +321,7 @@ def adaptive_hmc(
     logdensity_fn: Callable,
     *,
     num_warmup: int = 1000,
+    metric: Any = None,
     paper_preset: bool = False,
     **options,
 ) -> SamplingAlgorithm:
@@ -292,7 +341,8 @@ def adaptive_hmc(
     the grid of arms is finite, so the chain remains ergodic (Wang, Mohamed &
     de Freitas 2013, section 4).  ``freeze_after=n`` stops moving the arm after
     ``n`` GP rounds (``"warmup"``: at the end of warm-up) for a fixed kernel.
-    ``EngineInfo.adapt_probability`` records ``p_i``.
+    ``EngineInfo.adapt_probability`` records ``p_i``.  ``metric=``: Riemann-manifold HMC (module
+    docstring); ``EngineInfo.fixed_point_converged`` then reports failed implicit solves.
 
     Examples
     --------
@@ -301,7 +351,10 @@ def adaptive_hmc(
     >>> states, info = jax.jit(jax.vmap(sampler.step))(jax.random.split(key, 4), states)  # doctest: +SKIP
     """
     options = _single_chain_options({**options, "paper_preset": paper_preset}, "adaptive_hmc")
-    return _one_chain(build_engine(logdensity_fn, num_warmup=num_warmup, **options))
+    build, options = _builder(metric, options, "adaptive_hmc")
+    if metric is not None:
+        options.setdefault("sequential_chains", False)  # one chain: nothing to run one after another
+    return _one_chain(build(logdensity_fn, num_warmup=num_warmup, **options))
 
 
 def pooled_adaptive_hmc(
@@ -309,6 +362,7 @@ def pooled_adaptive_hmc(
     num_chains: int,
     *,
     num_warmup: int = 1000,
+    metric: Any = None,
     paper_preset: bool = False,
     **options,
 ) -> SamplingAlgorithm:
@@ -318,9 +372,10 @@ def pooled_adaptive_hmc(
     ``step(rng_key, state)`` advances every chain at once: do not ``jax.vmap`` it.  The chain-mean
     reward enters the GP once, with weight ``num_chains``.  ``pooled=False`` gives every chain its own
     tuner inside the one compiled step.  It also continues from ``gpucb_adaptation(...).run``'s
-    ``adaptation_state`` (same ``num_warmup`` and options)."""
+    ``adaptation_state`` (same ``num_warmup`` and options).  ``metric=``: Riemann-manifold HMC."""
     num_chains = _check_num_chains(num_chains)
-    engine = build_engine(logdensity_fn, num_warmup=num_warmup, **{**options, "paper_preset": paper_preset})
+    build, options = _builder(metric, {**options, "paper_preset": paper_preset}, "pooled_adaptive_hmc")
+    engine = build(logdensity_fn, num_warmup=num_warmup, **options)
     return _many_chains(engine, logdensity_fn, num_chains, "pooled_adaptive_hmc")
 
 
@@ -397,6 +452,7 @@ def run_chains(
     num_warmup: int = 1000,
     num_samples: int = 1000,
     *,
+    metric: Any = None,
     paper_preset: bool = False,
     return_state: bool = False,
     **options,
@@ -423,13 +479,17 @@ def run_chains(
     starts from its metric, step size and GP evidence, so ``num_warmup`` of a few hundred does
     (docs/warm_start.md).  A snapshot that does not fit warns and runs the cold warm-up, of
     ``max(num_warmup, 1000)`` iterations.
+
+    ``metric=``: Riemann-manifold HMC (module docstring); the cost of a run is then
+    ``info.num_gradient_evals`` (gradients plus metric evaluations), not ``num_integration_steps``.
     """
     check_chain_batch(logdensity_fn, positions, "run_chains")
+    build, options = _builder(metric, {**options, "paper_preset": paper_preset}, "run_chains")
     options, positions, num_warmup, rng_key = _warm_start(
         logdensity_fn, positions, options, num_warmup, rng_key, "run_chains")
     with mesh_context(positions, "run_chains"):
-        samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
-                                       **{**options, "paper_preset": paper_preset})
+        samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples, build=build,
+                                       **options)
         info = _chains_first(info)
     return (samples, info, state) if return_state else (samples, info)
 
@@ -507,45 +567,11 @@ def tuning_snapshot(info, state: EngineState | None = None) -> TuningSnapshot:
     return engine_snapshot(state, *last, source="blackjax")
 
 
-# --------------------------------------------------------------------------- #
-# Riemann-manifold HMC (Girolami & Calderhead 2011), the paper's second sampler
-# --------------------------------------------------------------------------- #
-#
-# Same knobs as the HMC entry points, plus ``metric`` ("softabs" (default),
-# "diagonal_softabs" (SoftAbs of the Hessian's diagonal: a cheap diagonal metric), a
-# callable flat_position -> (d, d) matrix or (d,) diagonal (elementwise, far
-# cheaper), fisher_logistic_metric(X) or constant_metric(G)), ``softabs_alpha`` (1e6), ``fixed_point_tolerance``
-# (max-abs change of the iterates; None = 1e-6 in float64, 1e-4 in float32) and
-# ``max_fixed_point_iterations`` (30).  ``adapt_mass_matrix`` and
-# ``inverse_mass_matrix`` do not apply (G(x) is the metric).
-
-
-def uniform_steps_rmhmc(
-    logdensity_fn: Callable,
-    step_size: float,
-    num_integration_steps: int,
-    *,
-    min_steps_fraction: float = 0.0,
-    metric: Any = "softabs",
-    softabs_alpha: float = DEFAULT_SOFTABS_ALPHA,
-    fixed_point_tolerance: float | None = None,
-    max_fixed_point_iterations: int = DEFAULT_MAX_FIXED_POINT_ITERATIONS,
-    divergence_threshold: float = 1000.0,
-) -> SamplingAlgorithm:
-    """RMHMC drawing its number of leapfrog steps uniformly from ``{1..num_integration_steps}``.
-
-    The kernel ARMHMC tunes, for one chain: ``init(position) -> HMCState``,
-    ``step(rng_key, state) -> (HMCState, RMHMCInfo)``.  A fixed-point solve
-    that does not converge rejects the proposal (``info.fixed_point_converged``
-    is False).  With ``metric=constant_metric(G)`` it is plain HMC with the
-    dense inverse mass matrix ``G^{-1}`` (``info`` is then BlackJAX's ``HMCInfo``).
-
-    Examples
-    --------
-    >>> (state, parameters), _ = gpucb_rmhmc_adaptation(logdensity_fn).run(key, positions, 500)  # doctest: +SKIP
-    >>> kernel = uniform_steps_rmhmc(logdensity_fn, **parameters)                               # doctest: +SKIP
-    >>> state, info = jax.vmap(kernel.step)(jax.random.split(key, num_chains), state)           # doctest: +SKIP
-    """
+def _uniform_steps_rmhmc(logdensity_fn, step_size, num_integration_steps, min_steps_fraction, metric, *,
+                         softabs_alpha: float = DEFAULT_SOFTABS_ALPHA, fixed_point_tolerance: float | None = None,
+                         max_fixed_point_iterations: int = DEFAULT_MAX_FIXED_POINT_ITERATIONS,
+                         divergence_threshold: float = 1000.0) -> SamplingAlgorithm:
+    """:func:`uniform_steps_hmc` with ``metric=``: RMHMC (a constant metric: dense HMC), one chain."""
     kernel = transition_kernel(metric, softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,
                                max_fixed_point_iterations=max_fixed_point_iterations,
                                divergence_threshold=divergence_threshold)
@@ -562,90 +588,3 @@ def uniform_steps_rmhmc(
         return kernel(key_kernel, state, logdensity_fn, step_size, None, num)
 
     return SamplingAlgorithm(init, step)
-
-
-def _rmhmc_parameters(engine, state) -> dict:
-    parameters = engine.parameters(state)
-    return {"step_size": parameters["step_size"], "num_integration_steps": parameters["num_integration_steps"],
-            "min_steps_fraction": parameters["min_steps_fraction"]}
-
-
-def gpucb_rmhmc_adaptation(logdensity_fn: Callable, *, paper_preset: bool = False, **options) -> AdaptationAlgorithm:
-    """Warm up adaptive RMHMC: dual averaging of the step size, then GP-UCB over ``(eps, L)``.
-
-    ``run(rng_key, positions, num_steps=1000) -> (AdaptationResults(state, parameters), GPUCBAdaptationInfo)``
-    as :func:`gpucb_adaptation`; ``state`` is a batched ``HMCState`` and
-    ``parameters`` (``step_size``, ``num_integration_steps``) plug into
-    :func:`uniform_steps_rmhmc` together with the same ``metric`` options.
-    """
-    options = {**options, "paper_preset": paper_preset}
-
-    def run(rng_key, positions, num_steps: int = 1000):
-        check_chain_batch(logdensity_fn, positions, "gpucb_rmhmc_adaptation(...).run")
-        engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_steps, **options)
-        init_key, run_key = jax.random.split(rng_key)
-        state = engine.init(positions, init_key)
-        state, info = _scan(engine.step, run_key, state, num_steps, False)
-        chain_state = blackjax.mcmc.hmc.HMCState(state.position, state.logdensity, state.logdensity_grad)
-        results = AdaptationResults(chain_state, _rmhmc_parameters(engine, state))
-        return results, GPUCBAdaptationInfo(info, state.box, state.tuner, state)
-
-    return AdaptationAlgorithm(run)
-
-
-def adaptive_rmhmc(
-    logdensity_fn: Callable,
-    *,
-    num_warmup: int = 1000,
-    paper_preset: bool = False,
-    **options,
-) -> SamplingAlgorithm:
-    """Adaptive RMHMC (ARMHMC) for one chain, in BlackJAX's kernel convention; see :func:`adaptive_hmc`.
-
-    ``EngineInfo.fixed_point_converged`` reports failed implicit solves (those
-    proposals are rejected) and ``EngineInfo.num_gradient_evals`` counts
-    log-density gradients plus metric evaluations.  ``jax.vmap`` over init and step for several
-    chains (a tuner each), or :func:`pooled_adaptive_rmhmc` for one shared tuner.
-    """
-    options = _single_chain_options({**options, "paper_preset": paper_preset}, "adaptive_rmhmc")
-    options.setdefault("sequential_chains", False)  # one chain: nothing to run one after another
-    return _one_chain(build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **options))
-
-
-def pooled_adaptive_rmhmc(
-    logdensity_fn: Callable,
-    num_chains: int,
-    *,
-    num_warmup: int = 1000,
-    paper_preset: bool = False,
-    **options,
-) -> SamplingAlgorithm:
-    """Adaptive RMHMC for ``num_chains`` chains sharing one tuner; see :func:`pooled_adaptive_hmc`."""
-    num_chains = _check_num_chains(num_chains)
-    engine = build_rmhmc_engine(logdensity_fn, num_warmup=num_warmup, **{**options, "paper_preset": paper_preset})
-    return _many_chains(engine, logdensity_fn, num_chains, "pooled_adaptive_rmhmc")
-
-
-def run_rmhmc_chains(
-    rng_key,
-    logdensity_fn: Callable,
-    positions,
-    num_warmup: int = 1000,
-    num_samples: int = 1000,
-    *,
-    paper_preset: bool = False,
-    return_state: bool = False,
-    **options,
-) -> tuple[Any, EngineInfo]:
-    """Warm up and sample with :func:`adaptive_rmhmc`; returns ``(samples, info)`` (``return_state=True``:
-    ``(samples, info, state)``) as :func:`run_chains`.
-
-    Cost: ``info.num_gradient_evals`` (gradients + metric evaluations), not
-    ``num_integration_steps``.
-    """
-    check_chain_batch(logdensity_fn, positions, "run_rmhmc_chains")
-    with mesh_context(positions, "run_rmhmc_chains"):  # sharded positions run sharded, as in run_chains
-        samples, info, state = _sample(rng_key, logdensity_fn, positions, num_warmup, num_samples,
-                                       build=build_rmhmc_engine, **{**options, "paper_preset": paper_preset})
-    info = _chains_first(info)
-    return (samples, info, state) if return_state else (samples, info)

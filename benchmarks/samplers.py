@@ -978,7 +978,7 @@ def _split_by_phase(info_field, is_warmup):
 
 
 def run_armhmc(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
-    """``run_rmhmc_chains`` with the paper's metric for the model (:func:`metric_for`).
+    """``run_chains(..., metric=)`` with the paper's metric for the model (:func:`metric_for`).
 
     Cost unit: one per log-density gradient and one per metric evaluation, counted as gradients.
     Timed as :func:`run_ahmc_blackjax` times ``run_chains``.
@@ -986,11 +986,11 @@ def run_armhmc(rng_key, model, positions, num_warmup, num_samples, **options) ->
     import jax
     import jax.numpy as jnp
 
-    from ahmc.adapters.blackjax import run_rmhmc_chains
+    from ahmc.adapters.blackjax import run_chains
 
     clock = CompileClock()
     with clock.phase("warmup"):
-        samples, info = jax.block_until_ready(run_rmhmc_chains(
+        samples, info = jax.block_until_ready(run_chains(
             rng_key, model.logdensity_fn, jnp.asarray(positions), num_warmup, num_samples,
             metric=metric_for(model.name), **options))
     info = _iterations_first(info)

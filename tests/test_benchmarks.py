@@ -801,13 +801,13 @@ def test_armhmc_runs_on_the_logistic_regressions_and_is_skipped_elsewhere():
     assert out.draws.shape == (2, 20, model.dim) and np.all(np.isfinite(out.draws))
     # every leapfrog step costs at least one gradient and the metric's evaluations on top
     assert np.all(out.num_grads_sampling >= 20) and out.extra["units_per_draw"] > out.extra["leapfrog_steps_per_draw"]
-    # One public call, its compilation timed apart (the run split by cost), and the draws are run_rmhmc_chains's.
+    # One public call, its compilation timed apart (the run split by cost), and the draws are run_chains(metric=)'s.
     assert out.timing["sampling_time_estimated"] is True and out.timing["compile_s"] > 0 and out.timing["sampling_s"] > 0
-    from ahmc.adapters.blackjax import run_rmhmc_chains
+    from ahmc.adapters.blackjax import run_chains
     from benchmarks.samplers import metric_for
 
-    samples, _ = run_rmhmc_chains(jax.random.key(0), model.logdensity_fn, jax.numpy.asarray(positions), 40, 20,
-                                  metric=metric_for("ripley"))
+    samples, _ = run_chains(jax.random.key(0), model.logdensity_fn, jax.numpy.asarray(positions), 40, 20,
+                            metric=metric_for("ripley"))
     np.testing.assert_allclose(out.draws, np.asarray(samples).reshape(out.draws.shape), rtol=1e-9, atol=1e-12)
     assert run.skip_reason("armhmc", models.get_model("corr_gauss_2")).startswith("ARMHMC runs where")
     assert run.skip_reason("armhmc", model) is None

@@ -31,7 +31,7 @@ MARKERS = {
     "pymc_pooled": "PooledAdaptiveHMC()",
     "compiled_options": "sample_numpyro_ahmc(discard_tuned_samples=False, dense_mass=True)",
     "datatree_diagnostics": "history = history_from_datatree(tree)",
-    "rmhmc_jax": "samples, info = run_rmhmc_chains(key, logdensity_fn, positions, 500, 1000, metric=metric)",
+    "rmhmc_jax": "samples, info = run_chains(key, logdensity_fn, positions, 500, 1000, metric=metric)",
     "rmhmc_model_fisher": 'AdaptiveRMHMC(funnel, metric="diagonal_fisher")',
     "funnel_metric": "def funnel_metric(flat):",
     "rmhmc_pymc": "idata = pm.sample(step=AdaptiveRMHMC(metric=fisher_logistic_metric(X)))",

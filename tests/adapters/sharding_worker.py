@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from ahmc.adapters.blackjax import gpucb_adaptation, run_chains, run_rmhmc_chains, shard_chains  # noqa: E402
+from ahmc.adapters.blackjax import gpucb_adaptation, run_chains, shard_chains  # noqa: E402
 
 SCALES = np.arange(1.0, 6.0)
 NUM_CHAINS, NUM_WARMUP, NUM_SAMPLES = 16, 300, 400
@@ -76,7 +76,7 @@ if args.process_id is None:
     result["numpyro"] = run_numpyro(shard_chains({"x": positions}))
     (adapted, _), _ = gpucb_adaptation(logdensity).run(jax.random.key(0), shard_chains(positions), 100)
     result["adaptation"] = str(adapted.position.sharding.spec)
-    rmhmc_samples, _ = run_rmhmc_chains(jax.random.key(0), logdensity, shard_chains(positions), 100, 100)
+    rmhmc_samples, _ = run_chains(jax.random.key(0), logdensity, shard_chains(positions), 100, 100, metric="softabs")
     result["rmhmc"] = [str(rmhmc_samples.sharding.spec), np.asarray(rmhmc_samples).std(axis=(0, 1)).tolist()]
     try:
         shard_chains(positions[:6])

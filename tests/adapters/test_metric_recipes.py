@@ -125,10 +125,10 @@ def test_numpyro_kernel_state_holds_the_recipe_matrix():
 
 
 def test_rmhmc_refuses_a_recipe():
-    from ahmc.adapters.blackjax import adaptive_rmhmc
+    from ahmc.adapters.blackjax import adaptive_hmc
 
     with pytest.raises(ValueError, match="metric_recipe='fisher_diag' does not apply to RMHMC"):
-        adaptive_rmhmc(logdensity, num_warmup=100, metric_recipe="fisher_diag")
+        adaptive_hmc(logdensity, num_warmup=100, metric="softabs", metric_recipe="fisher_diag")
 
 
 def test_one_chain_kernel_under_vmap_estimates_the_low_rank_matrix():

@@ -25,14 +25,19 @@ from ahmc.adapters._jax_rmhmc import (  # noqa: E402
     generalized_leapfrog_step,
 )
 from ahmc.adapters.blackjax import (  # noqa: E402
-    adaptive_rmhmc,
-    pooled_adaptive_rmhmc,
+    adaptive_hmc,
     constant_metric,
     fisher_logistic_metric,
-    gpucb_rmhmc_adaptation,
-    run_rmhmc_chains,
-    uniform_steps_rmhmc,
+    gpucb_adaptation,
+    pooled_adaptive_hmc,
+    run_chains,
+    uniform_steps_hmc,
 )
+
+
+def run_rmhmc_chains(*args, metric="softabs", **options):
+    """The public RMHMC run (``run_chains(..., metric=)``), SoftAbs unless another metric is named."""
+    return run_chains(*args, metric=metric, **options)
 
 from ..reference import assert_moments_match, load_pima_logistic_reference, time_major, zscores_against_reference  # noqa: E402
 
@@ -421,7 +426,7 @@ def test_constant_metric_is_plain_dense_hmc():
     assert np.all(info.fixed_point_converged)
     assert_moments_match(np.asarray(samples), np.zeros(2), np.ones(2))
 
-    ours = uniform_steps_rmhmc(correlated_gaussian, 0.4, 1, metric=metric)
+    ours = uniform_steps_hmc(correlated_gaussian, 0.4, num_integration_steps=1, metric=metric)
     theirs = blackjax.hmc(correlated_gaussian, 0.4, jnp.asarray(metric.inverse_matrix), 1)
     state = ours.init(jnp.array([0.3, -0.1]))
     key = jax.random.key(9)
@@ -435,11 +440,11 @@ def test_constant_metric_is_plain_dense_hmc():
 # step in test_constant_metric_is_plain_dense_hmc.
 @pytest.mark.slow
 def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
-    warmup = gpucb_rmhmc_adaptation(correlated_gaussian)
+    warmup = gpucb_adaptation(correlated_gaussian, metric="softabs")
     (state, parameters), adaptation = warmup.run(jax.random.key(11), starts(12, 2), 400)
     assert set(parameters) == {"step_size", "num_integration_steps", "min_steps_fraction"}
     assert adaptation.info.fixed_point_converged.shape == (400, NUM_CHAINS)
-    kernel = uniform_steps_rmhmc(correlated_gaussian, **parameters)
+    kernel = uniform_steps_hmc(correlated_gaussian, **parameters, metric="softabs")
 
     def body(states, key):
         states, info = jax.vmap(kernel.step)(jax.random.split(key, NUM_CHAINS), states)
@@ -449,7 +454,7 @@ def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
     assert np.mean(converged) > 0.99
     assert_moments_match(np.swapaxes(np.asarray(draws), 0, 1), np.zeros(2), np.ones(2))
 
-    sampler = pooled_adaptive_rmhmc(correlated_gaussian, NUM_CHAINS, num_warmup=20)
+    sampler = pooled_adaptive_hmc(correlated_gaussian, NUM_CHAINS, num_warmup=20, metric="softabs")
     engine_state = sampler.init(starts(14, 2), jax.random.key(15))
     engine_state, info = jax.jit(sampler.step)(jax.random.key(16), engine_state)
     assert info.fixed_point_converged.dtype == bool and info.num_gradient_evals.shape == (NUM_CHAINS,)
@@ -466,7 +471,7 @@ def test_blackjax_routine_then_kernel_and_the_adaptive_sampler():
 def test_automatic_box_integration_time_follows_the_metric(metric_kind, options, integration_time):
     logdensity, design = _logistic_problem()
     metric = fisher_logistic_metric(design) if metric_kind == "fisher" else "softabs"
-    warmup = gpucb_rmhmc_adaptation(logdensity, metric=metric, **options)
+    warmup = gpucb_adaptation(logdensity, metric=metric, **options)
     _, adaptation = warmup.run(jax.random.key(21), starts(22, 4, scale=0.1), 40)
     low, high = np.asarray(adaptation.search_box.step_size, dtype=float)
     eps_star = math.sqrt(low * high)  # the box is eps* x (0.5, 2)
@@ -496,7 +501,7 @@ def test_automatic_box_integration_time_follows_the_metric(metric_kind, options,
 )
 def test_bad_knobs_raise(options, match):
     with pytest.raises(ValueError, match=match):
-        adaptive_rmhmc(correlated_gaussian, **options)
+        adaptive_hmc(correlated_gaussian, **{"metric": "softabs", **options})
 
 
 @pytest.mark.parametrize(
@@ -510,7 +515,7 @@ def test_bad_knobs_raise(options, match):
     ],
 )
 def test_bad_user_metric_raises_at_init(metric, match):
-    sampler = pooled_adaptive_rmhmc(correlated_gaussian, NUM_CHAINS, metric=metric)
+    sampler = pooled_adaptive_hmc(correlated_gaussian, NUM_CHAINS, metric=metric)
     with pytest.raises(ValueError, match=match):
         sampler.init(starts(0, 2))
 
@@ -521,7 +526,7 @@ def test_bad_constant_metric_raises():
     with pytest.raises(ValueError, match="positive definite"):
         constant_metric(-np.eye(2))
     with pytest.raises(ValueError, match="coordinates"):
-        pooled_adaptive_rmhmc(correlated_gaussian, NUM_CHAINS, metric=constant_metric(np.eye(3))).init(starts(0, 2))
+        pooled_adaptive_hmc(correlated_gaussian, NUM_CHAINS, metric=constant_metric(np.eye(3))).init(starts(0, 2))
     with pytest.raises(ValueError, match="design matrix"):
         fisher_logistic_metric(np.ones(3))
 
@@ -580,3 +585,15 @@ def test_numpyro_user_metric_sees_the_flat_unconstrained_position():
         AdaptiveRMHMC(model, adapt_mass_matrix=True)
     with pytest.raises(ValueError, match="dense_mass=True does not apply to RMHMC"):
         AdaptiveRMHMC(model, dense_mass=True)
+
+
+def test_metric_knobs_without_metric_and_kernel_arguments_are_refused():
+    """RMHMC is the HMC entry points with ``metric=``: its knobs alone, or a kernel missing its metric, fail."""
+    with pytest.raises(ValueError, match="softabs_alpha= applies to Riemann-manifold HMC only"):
+        adaptive_hmc(correlated_gaussian, softabs_alpha=1e5)
+    with pytest.raises(ValueError, match="needs inverse_mass_matrix.*or metric="):
+        uniform_steps_hmc(correlated_gaussian, 0.1, num_integration_steps=3)
+    with pytest.raises(ValueError, match="inverse_mass_matrix does not apply with metric="):
+        uniform_steps_hmc(correlated_gaussian, 0.1, np.ones(2), 3, metric="softabs")
+    with pytest.raises(ValueError, match="needs num_integration_steps"):
+        uniform_steps_hmc(correlated_gaussian, 0.1, np.ones(2))

@@ -38,7 +38,8 @@ def pymc_step(cls):
 
 ADAPTERS = {
     "blackjax.adaptive_hmc": lambda **o: ahmc_blackjax.adaptive_hmc(logdensity, **o),
-    "blackjax.pooled_adaptive_rmhmc": lambda **o: ahmc_blackjax.pooled_adaptive_rmhmc(logdensity, 2, **o),
+    "blackjax.pooled_adaptive_hmc(metric=)": lambda **o: ahmc_blackjax.pooled_adaptive_hmc(
+        logdensity, 2, metric="softabs", **o),
     "blackjax.gpucb_adaptation": lambda **o: ahmc_blackjax.gpucb_adaptation(logdensity, **o).run(
         jax.random.key(0), jnp.zeros((2, 2)), 10),
     "numpyro.AdaptiveHMC": lambda **o: ahmc_numpyro.AdaptiveHMC(numpyro_model, **o),
@@ -84,21 +85,21 @@ def test_pymc_typo_fails_before_compiling(monkeypatch):
         ({}, "empty pytree"),
     ],
 )
-@pytest.mark.parametrize("entry", ["run_chains", "run_rmhmc_chains"])
-def test_bad_blackjax_positions(entry, positions, match):
+@pytest.mark.parametrize("metric", [None, "softabs"])
+def test_bad_blackjax_positions(metric, positions, match):
     with pytest.raises(ValueError, match=match):
-        getattr(ahmc_blackjax, entry)(jax.random.key(0), logdensity, positions, 10, 10)
+        ahmc_blackjax.run_chains(jax.random.key(0), logdensity, positions, 10, 10, metric=metric)
 
 
 def test_rmhmc_in_float32_warns():
     assert not jax.config.jax_enable_x64
     with pytest.warns(UserWarning, match="RMHMC is running in float32.*jax_enable_x64"):
-        ahmc_blackjax.pooled_adaptive_rmhmc(logdensity, 2, num_warmup=10).init(jnp.zeros((2, 2), jnp.float32))
+        ahmc_blackjax.pooled_adaptive_hmc(logdensity, 2, num_warmup=10, metric="softabs").init(jnp.zeros((2, 2), jnp.float32))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         from ahmc.adapters.blackjax import constant_metric
 
-        ahmc_blackjax.pooled_adaptive_rmhmc(logdensity, 2, num_warmup=10, metric=constant_metric(np.eye(2))).init(
+        ahmc_blackjax.pooled_adaptive_hmc(logdensity, 2, num_warmup=10, metric=constant_metric(np.eye(2))).init(
             jnp.zeros((2, 2), jnp.float32))
 
 

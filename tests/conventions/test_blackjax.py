@@ -12,7 +12,6 @@ import pytest
 
 from ahmc.adapters.blackjax import (
     adaptive_hmc,
-    adaptive_rmhmc,
     gpucb_adaptation,
     pooled_adaptive_hmc,
     run_chains,
@@ -91,7 +90,7 @@ def test_pytree_position_one_chain_runs():
 
 
 def test_one_chain_rmhmc_vmaps():
-    sampler = adaptive_rmhmc(lambda x: -0.5 * jnp.sum(x**2), num_warmup=20)
+    sampler = adaptive_hmc(lambda x: -0.5 * jnp.sum(x**2), num_warmup=20, metric="softabs")
     positions = jax.random.normal(jax.random.key(4), (NUM_CHAINS, 2))
     states, (draws, info) = vmapped_run(sampler, positions, jax.random.key(5), 30)
     assert states.position.shape == (NUM_CHAINS, 2) and info.num_gradient_evals.shape == (30, NUM_CHAINS)
@@ -170,3 +169,14 @@ def test_run_chains_compiles_once_per_shape_and_puts_chains_first():
 
 def ill_scaled_3(x):
     return -0.5 * jnp.sum((x / jnp.asarray([0.1, 1.0, 10.0])) ** 2)
+
+
+def test_the_public_surface_is_small_and_has_no_twins():
+    """One set of entry points: RMHMC is ``metric=`` on them, not a second family of functions."""
+    import ahmc.adapters.blackjax as module
+
+    assert len(module.__all__) <= 14
+    assert all(hasattr(module, name) for name in module.__all__)
+    own = [name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
+           and getattr(value, "__module__", "") == module.__name__]
+    assert "run_chains" in own and not [name for name in own + module.__all__ if "rmhmc" in name.lower()]
