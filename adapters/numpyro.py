@@ -38,6 +38,9 @@ from ._numpyro_fisher import fisher_from_model, model_fisher_metric  # noqa: E40
 __all__ = ["AdaptiveHMC", "AdaptiveHMCState", "AdaptiveRMHMC", "AdaptiveRMHMCState", "constant_metric",
            "fisher_logistic_metric", "model_fisher_metric", "shard_chains", "tuning_snapshot"]
 
+#: The key of the warm-start check under ``chain_method="parallel"``, whose traced keys it cannot use.
+PARALLEL_CHECK_SEED = 20130617
+
 # Metrics read off the model's sites (``_numpyro_fisher``): they need ``model``, not ``potential_fn``.
 MODEL_METRICS = ("fisher", "diagonal_fisher")
 
@@ -127,7 +130,8 @@ class AdaptiveHMC(MCMCKernel):
         first checks it on a short run; when it fits, the warm-up starts from its mass matrix, step size,
         GP evidence and positions, so ``num_warmup`` of a few hundred does.  When it does not, a
         ``WarmStartWarning`` says why and the tuner starts cold (give ``num_warmup=1000`` then).
-        Sequential and vectorized chains (``chain_method="parallel"`` traces ``init``; not supported).
+        Every ``chain_method``; with ``"parallel"`` the check runs while NumPyro traces ``init`` (so not with
+        ``jit_model_args=True`` there).
 
     Examples
     --------
@@ -198,9 +202,7 @@ class AdaptiveHMC(MCMCKernel):
         if self._warm_start is None:
             return positions, rng_key
         if isinstance(rng_key, jax.core.Tracer):
-            raise ValueError("AdaptiveHMC(warm_start=...) checks the snapshot before the run, which "
-                             "chain_method='parallel' does not allow (it traces init); use chain_method="
-                             "'sequential' or 'vectorized'.")
+            return self._check_warm_start_traced(positions, rng_key, model_args, model_kwargs)
         rng_key, check_key = jax.random.split(rng_key)
         # Sequential chains each start from another of the snapshot's chains.
         first_row = 0 if self._vectorized else int(jax.random.randint(check_key, (), 0, 1 << 20))
@@ -211,6 +213,30 @@ class AdaptiveHMC(MCMCKernel):
             fallback=f"The tuner starts cold within num_warmup={self._num_warmup} (a cold warm-up wants about 1000)")
         self._run_options = {**self._options, "warm_start": snapshot}
         return positions, rng_key
+
+    def _check_warm_start_traced(self, positions, rng_key, model_args, model_kwargs):
+        """``chain_method="parallel"``: NumPyro traces ``init`` once for every chain (``pmap``), so the check
+        runs while tracing, on concrete values: the snapshot's rows are its chains (with a key of its own),
+        and each chain starts from the row its own traced key picks."""
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((model_args, model_kwargs))):
+            raise ValueError("AdaptiveHMC(warm_start=...) with chain_method='parallel' checks the snapshot while "
+                             "NumPyro traces init, which needs the model's arguments concrete: drop "
+                             "jit_model_args=True, or use chain_method='vectorized'.")
+        rows = self._warm_start.positions.shape[0]
+        with jax.ensure_compile_time_eval():
+            stand_in = jax.tree.map(lambda x: jnp.zeros((rows,) + jnp.shape(x)[1:], jnp.result_type(x)), positions)
+            snapshot, checked, _ = prepare_warm_start(
+                self._logdensity_fn(model_args, model_kwargs), stand_in, self._warm_start,
+                jax.random.key(PARALLEL_CHECK_SEED), name="AdaptiveHMC",
+                data_logdensity=(lambda data: self._logdensity_fn(*data), (model_args, model_kwargs)),
+                fallback=f"The tuner starts cold within num_warmup={self._num_warmup} (a cold warm-up wants "
+                         "about 1000)")
+        self._run_options = {**self._options, "warm_start": snapshot}
+        if snapshot is None:
+            return positions, rng_key
+        rng_key, row_key = jax.random.split(rng_key)
+        row = jax.random.randint(row_key, (), 0, rows)
+        return jax.tree.map(lambda x: x[row][None], checked), rng_key
 
     @staticmethod
     def _build_engine(logdensity_fn, **options):

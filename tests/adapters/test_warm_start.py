@@ -171,6 +171,57 @@ def test_numpyro_sequential_chains_share_a_snapshot(numpyro_fit):
                          SCALES, min_ess=100)
 
 
+PARALLEL_SCRIPT = """
+import sys, warnings
+import numpy as np, jax, jax.numpy as jnp, numpyro
+from numpyro.infer import MCMC
+from ahmc.adapters.numpyro import AdaptiveHMC
+from ahmc.core.snapshot import TuningSnapshot, WarmStartWarning
+
+assert jax.local_device_count() == 2
+def model(scales):
+    numpyro.sample("x", numpyro.distributions.Normal(0.0, scales))
+snapshot, scales = TuningSnapshot.load(sys.argv[1]), jnp.asarray(np.logspace(-1, 1, 8))
+def run(factor, **options):
+    mcmc = MCMC(AdaptiveHMC(model, warm_start=snapshot), num_warmup=250, num_samples=2000, num_chains=2,
+                chain_method="parallel", progress_bar=False, **options)
+    mcmc.run(jax.random.key(3), scales * factor)
+    return np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
+with warnings.catch_warnings():
+    warnings.simplefilter("error", WarmStartWarning)  # the snapshot fits: no fallback
+    np.save(sys.argv[2], run(0.9))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    run(30.0)
+print("fallback warned:", any(issubclass(w.category, WarmStartWarning) for w in caught))
+with warnings.catch_warnings():
+    warnings.simplefilter("error", WarmStartWarning)
+    np.save(sys.argv[3], run(0.9, jit_model_args=True))
+"""
+
+
+def test_numpyro_parallel_chains_warm_start(numpyro_fit, tmp_path):
+    """chain_method='parallel' (one chain per device, init traced by pmap): the check runs while tracing."""
+    import os
+    import subprocess
+    import sys
+
+    from ahmc.adapters.numpyro import tuning_snapshot
+
+    _, mcmc = numpyro_fit
+    tuning_snapshot(mcmc).save(tmp_path / "fit.json")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", PARALLEL_SCRIPT, str(tmp_path / "fit.json"),
+                             str(tmp_path / "draws.npy"), str(tmp_path / "jitted.npy")],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fallback warned: True" in result.stdout
+    for name in ("draws.npy", "jitted.npy"):  # the model's arguments concrete, and jit_model_args=True
+        draws = np.load(tmp_path / name)
+        assert draws.shape == (2, 2000, len(SCALES)) and not np.allclose(draws[0, 0], draws[1, 0])
+        assert_moments_match(draws, np.zeros(len(SCALES)), SCALES * 0.9, min_ess=100)
+
+
 def test_numpyro_a_mismatched_snapshot_warns_and_the_run_is_still_right(numpyro_fit):
     from ahmc.adapters.numpyro import tuning_snapshot
 
