@@ -16,6 +16,8 @@ from pymc.step_methods.step_sizes import DualAverageAdaptation
 from rich.progress import ProgressColumn
 from rich.text import Text
 
+from ahmc.core.snapshot import check_fit
+
 from ._step import AdaptiveHMC, _LeapfrogReusingStart, _samples_every_variable, _WarmupDiagAdapt
 
 
@@ -31,6 +33,7 @@ class _ChainPool:
         self.eps_star = {}  # chain -> its dual-averaged step size at the end of the metric phase
         self.round_rewards, self.round_stats = [], []  # this round's, in chain order
         self.progress = {}  # the progress bar's columns: divergences per chain, the shared arm
+        self.checks, self.check_report = [], None  # warm_start: the chains' checks, then their pooled verdict
 
 
 #: The pool of the pooled run about to sample: linked by chain 0, taken by the next progress bar.
@@ -214,7 +217,36 @@ class _PooledChains:
             self._search_box = pool.search_box
             self._begin_rounds()
 
+    def _end_check(self):
+        """warm_start, pooled: one verdict from every chain's check (the chains share the mass matrix, the
+        step size and the tuner), given when the last chain ends its check; each chain applies it at its
+        next iteration, which in lockstep comes after every chain's check."""
+        if self.population is None:
+            return super()._end_check()
+        check, self._check = self._check, None
+        pool = self._pool
+        pool.checks.append(check)
+        self._verdict_pending, self._check_tune = True, check["tune"]
+        if len(pool.checks) == pool.num_chains:
+            draws = np.stack([np.asarray(c["draws"]) for c in pool.checks])
+            accept = float(np.nanmean([a for c in pool.checks for a in c["accept"]]))
+            pool.check_report, pool.checks = check_fit(self._snapshot, draws, accept), []
+
+    def _take_verdict(self, q0):
+        """This chain's side of the pooled verdict; the first chain also restarts the shared adaptation."""
+        self._verdict_pending = False
+        first = self.this_chain == 0
+        shared = first or not self._shared_potential
+        if shared and not first:  # this chain's own mass matrix; the step size is shared
+            fits = self._pool.check_report.fits
+            self._start_potential(self._snapshot_metric() if fits else None,
+                                  q0.data if fits else np.zeros(self.potential._n))
+        self._apply_verdict(self._pool.check_report, self._check_tune, q0.data,
+                            shared_adaptation=first, warn=first)
+
     def astep(self, q0):
+        if getattr(self, "_verdict_pending", False):
+            self._take_verdict(q0)
         result = super().astep(q0)
         if self.population is not None:
             if self._chain_iteration == self._num_warmup:  # the metric phase ended
@@ -245,8 +277,6 @@ class PooledAdaptiveHMC(_PooledChains, AdaptiveHMC, PopulationArrayStepShared):
 
     Takes every option of :class:`AdaptiveHMC`.  A population step method: PyMC steps its chains in
     lockstep in one process (``cores`` does not apply)."""
-
-    warm_start_supported = False  # not yet (docs/warm_start.md)
 
     pooled_step = True
 

@@ -29,7 +29,7 @@ MIN_TUNE_AFTER_CHECK = 50
 class WarmStartMixin:
     """The warm-start side of :class:`AdaptiveHMC` (state: ``_snapshot``, ``_check``, ``_use_prior``)."""
 
-    #: Whether ``warm_start=`` is offered (the pooled and Riemannian steps refuse it).
+    #: Whether ``warm_start=`` is offered (the Riemannian step refuses it).
     warm_start_supported = True
 
     def _init_warm_start(self, warm_start, model, value_vars, weight):
@@ -119,19 +119,24 @@ class WarmStartMixin:
         return q, stats
 
     def _end_check(self):
-        """The verdict: continue tune from the snapshot, or drop it and run the rest of tune cold."""
+        """The verdict on this chain's check: continue tune from the snapshot, or run the rest of it cold."""
         check, self._check = self._check, None
         report = check_fit(self._snapshot, np.asarray(check["draws"])[None], float(np.nanmean(check["accept"])))
+        self._apply_verdict(report, check["tune"], check["draws"][-1])
+
+    def _apply_verdict(self, report, tune, last_draw, shared_adaptation=True, warn=True):
+        """Start the rest of tune from the snapshot (``report.fits``) or cold.  ``shared_adaptation=False``
+        leaves the mass matrix and step size alone (a pooled run restarts its shared ones once)."""
         self._use_prior = report.fits
-        rest = check["tune"] - CHECK_ITERATIONS
-        if report.fits:
-            self._start_potential(self._snapshot_metric(), check["draws"][-1])
-            self._restart_step_size(self._snapshot.step_size)
-        else:
+        rest = tune - CHECK_ITERATIONS
+        if not report.fits and warn:
             warnings.warn(f"{type(self).__name__}: warm_start not used: {report.reason}. The rest of tune "
-                          f"({rest} iterations) runs cold; give tune=1000.", WarmStartWarning, stacklevel=2)
-            self._start_potential(None, np.zeros(self.potential._n))
-            self._restart_step_size(self._cold_step_size)
+                          f"({rest} iterations) runs cold; give tune=1000.", WarmStartWarning, stacklevel=3)
+        if shared_adaptation:
+            fits = report.fits
+            self._start_potential(self._snapshot_metric() if fits else None,
+                                  last_draw if fits else np.zeros(self.potential._n))
+            self._restart_step_size(self._snapshot.step_size if fits else self._cold_step_size)
         self._reset_chain(rest)
         if hasattr(self.potential, "set_warmup"):
             self.potential.set_warmup(self._num_warmup)

@@ -371,14 +371,39 @@ def test_pymc_step_a_mismatched_snapshot_warns_and_the_run_is_still_right(pymc_f
     assert_moments_match(np.asarray(idata.posterior["x"]), np.zeros(len(SCALES)), wider)
 
 
+def test_pymc_pooled_step_refits_with_one_verdict_for_all_chains(pymc_fit):
+    """PooledAdaptiveHMC: the chains share the mass matrix, step size and tuner, so one verdict from every
+    chain's check; a fitting snapshot shortens tune, a mismatched one warns once and runs the rest cold."""
+    from ahmc.adapters.pymc import PooledAdaptiveHMC
+    from ahmc.core.snapshot import CHECK_ITERATIONS
+
+    pm, _, _, snapshot = pymc_fit
+    refit = SCALES * 1.1
+    with pymc_model(pm, refit) as model, warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)
+        idata = pymc_sample(pm, model, PooledAdaptiveHMC(warm_start=snapshot), tune=200, draws=1000, cores=1,
+                            discard_tuned_samples=False)
+    warm = idata.warmup_sample_stats
+    assert np.all(np.asarray(warm.max_steps)[:, :CHECK_ITERATIONS] == snapshot.arm[1])
+    assert np.all(np.asarray(warm.step_size)[:, CHECK_ITERATIONS] == snapshot.step_size)  # the shared restart
+    assert np.asarray(warm.tuning_round)[:, -1].min() >= 3
+    assert_moments_match(np.asarray(idata.posterior["x"]), np.zeros(len(SCALES)), refit)
+    wider = SCALES * 30.0
+    with pymc_model(pm, wider) as model, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        idata = pymc_sample(pm, model, PooledAdaptiveHMC(warm_start=snapshot), tune=1000, draws=1000, cores=1)
+    fallbacks = [w for w in caught if issubclass(w.category, WarmStartWarning)]
+    assert len(fallbacks) == 1 and "rest of tune (940 iterations) runs cold" in str(fallbacks[0].message)
+    assert_moments_match(np.asarray(idata.posterior["x"]), np.zeros(len(SCALES)), wider)
+
+
 def test_pymc_step_warm_start_bad_input(pymc_fit):
-    from ahmc.adapters.pymc import AdaptiveHMC, AdaptiveRMHMC, PooledAdaptiveHMC, tuning_snapshot
+    from ahmc.adapters.pymc import AdaptiveHMC, AdaptiveRMHMC, tuning_snapshot
 
     pm, model, idata, snapshot = pymc_fit
     with model:
-        for step in (PooledAdaptiveHMC, AdaptiveRMHMC):
-            with pytest.raises(ValueError, match="warm_start is not available here yet"):
-                step(warm_start=snapshot)
+        with pytest.raises(ValueError, match="warm_start is not available here yet"):
+            AdaptiveRMHMC(warm_start=snapshot)
         with pytest.raises(ValueError, match="drop potential= and scaling="):
             AdaptiveHMC(warm_start=snapshot, scaling=np.ones(len(SCALES) + 1))
         with pytest.raises(ValueError, match="no such file"):
