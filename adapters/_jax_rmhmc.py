@@ -283,6 +283,23 @@ def transition_kernel(
                               divergence_threshold=divergence_threshold)
 
 
+def metric_name(metric) -> str:
+    """What a warm-start snapshot records of ``metric``: its name, or a callable's (type) name."""
+    if isinstance(metric, str):
+        return metric
+    return getattr(metric, "__name__", None) or type(metric).__name__
+
+
+def check_kernel(metric, options: dict) -> tuple[Callable, str]:
+    """``(transition kernel, metric name)`` for a warm start's check of an RMHMC run with these options."""
+    kernel = transition_kernel(
+        metric, softabs_alpha=options.get("softabs_alpha", DEFAULT_SOFTABS_ALPHA),
+        fixed_point_tolerance=options.get("fixed_point_tolerance"),
+        max_fixed_point_iterations=options.get("max_fixed_point_iterations", DEFAULT_MAX_FIXED_POINT_ITERATIONS),
+        divergence_threshold=options.get("divergence_threshold", 1000.0))
+    return kernel, metric_name(metric)
+
+
 def check_initial_metric(metric, positions) -> None:
     """ValueError before any draw if a constant/user metric does not fit chain 0's flat position."""
     flat, _ = ravel_pytree(jax.tree.map(lambda x: x[0], positions))

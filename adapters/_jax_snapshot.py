@@ -21,7 +21,7 @@ from jax.flatten_util import ravel_pytree
 import blackjax.mcmc.hmc as hmc
 
 from ahmc.core.snapshot import (CHECK_ITERATIONS, FitReport, TuningSnapshot, WarmStartWarning, check_fit,
-                                load_snapshot, match_coordinates)
+                                check_metric, load_snapshot, match_coordinates)
 
 __all__ = ["engine_snapshot", "load_snapshot", "prepare_warm_start", "WarmStartWarning"]
 
@@ -41,11 +41,13 @@ def _first_chain(tree, batched: bool):
     return jax.tree.map(lambda x: np.asarray(x)[0], tree) if batched else jax.tree.map(np.asarray, tree)
 
 
-def engine_snapshot(state, step_size, num_steps, *, options=None, source: str = "") -> TuningSnapshot:
+def engine_snapshot(state, step_size, num_steps, *, options=None, source: str = "",
+                    metric: str = "") -> TuningSnapshot:
     """The tuning of a finished run from its final :class:`EngineState`.
 
     ``step_size`` and ``num_steps``: the arm in use (the last iteration's, e.g. ``info.step_size[:, -1]``);
     one tuner per chain (``pooled=False``) gives chain 0's GP.  ``options``: the tuning options set.
+    ``metric``: an RMHMC run's metric name (``_jax_rmhmc.metric_name``); its snapshot keeps no mass matrix.
     """
     tuner = state.tuner
     batched = np.ndim(tuner.round) > 0
@@ -60,8 +62,9 @@ def engine_snapshot(state, step_size, num_steps, *, options=None, source: str = 
 
     flat = jax.vmap(lambda p: ravel_pytree(p)[0])(state.position)
     da = state.step_size_adaptation
+    imm = np.asarray(state.inverse_mass_matrix, float)
     return TuningSnapshot(
-        inverse_mass_matrix=np.asarray(state.inverse_mass_matrix, float),
+        inverse_mass_matrix=np.ones(flat.shape[-1]) if metric else imm, metric=metric,
         step_size=float(np.exp(np.asarray(da.log_step_size_avg))),
         step_size_bounds=tuple(np.asarray(state.box.step_size, float).tolist()),
         num_steps_bounds=tuple(np.asarray(state.box.num_steps).tolist()),
@@ -91,10 +94,11 @@ def _split_data(data):
     return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild
 
 
-def _check_program(make: Callable, rebuild: Callable, unravel: Callable):
+def _check_program(make: Callable, rebuild: Callable, unravel: Callable, kernel: Callable | None = None):
     """The check's compiled program: ``(keys, starts, eps, L, imm, data arrays) -> (draws, acceptance)``,
-    ``CHECK_ITERATIONS`` HMC transitions per chain with ``L_t ~ U{1..L}`` on ``make(rebuild(arrays))``."""
-    kernel = hmc.build_kernel()
+    ``CHECK_ITERATIONS`` transitions per chain with ``L_t ~ U{1..L}`` on ``make(rebuild(arrays))``: HMC, or
+    ``kernel`` (BlackJAX's kernel signature; an RMHMC run's transition)."""
+    kernel = kernel or hmc.build_kernel()
 
     def one_chain(key, position, eps, max_steps, imm, arrays):
         density = make(rebuild(arrays))
@@ -113,7 +117,8 @@ def _check_program(make: Callable, rebuild: Callable, unravel: Callable):
     return jax.jit(jax.vmap(one_chain, in_axes=(0, 0, None, None, None, None)))
 
 
-def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel, data_logdensity=None):
+def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel, data_logdensity=None,
+               kernel=None):
     """``(flat draws (C, n, d), mean acceptance)`` of the check: HMC at the snapshot's arm, ``L_t ~ U{1..L}``.
 
     The snapshot's values and, with ``data_logdensity = (make, data)`` (``make(data)`` is the log density),
@@ -126,27 +131,31 @@ def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel,
     args = (jax.random.split(rng_key, start.shape[0]), start, jnp.asarray(eps, start.dtype),
             jnp.asarray(max_steps, jnp.int32), jnp.asarray(snapshot.inverse_mass_matrix, start.dtype))
     try:
-        draws, accept = _check_program(make, rebuild, unravel)(*args, arrays)
+        draws, accept = _check_program(make, rebuild, unravel, kernel)(*args, arrays)
     except jax.errors.JAXTypeError:  # a model that needs its data concrete (NumPy on it): the data as constants
-        draws, accept = _check_program(make, lambda _: data, unravel)(*args, [])
+        draws, accept = _check_program(make, lambda _: data, unravel, kernel)(*args, [])
     return np.asarray(draws), float(np.nanmean(np.asarray(accept)))
 
 
 def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: str, fallback: str,
-                       first_row: int = 0, data_logdensity=None):
+                       first_row: int = 0, data_logdensity=None, kernel=None, metric: str = ""):
     """``(snapshot or None, positions, report)`` for a run asked to start from ``warm_start``.
 
     ``positions`` has a leading chain axis.  The check runs its chains from the snapshot's positions
     (cycled to the chain count, from row ``first_row``); a fitting snapshot returns the check's last positions as the run's
     start.  A failing one warns (:class:`WarmStartWarning`, with the reason and ``fallback``, what the
     caller does instead) and returns ``(None, positions, report)``.  ``data_logdensity``: see :func:`_check_run`.
+    ``kernel`` and ``metric``: an RMHMC run's transition kernel and metric name (the snapshot's must match).
     """
     snapshot = load_snapshot(warm_start)
     flat0, unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
     num_chains = int(np.shape(jax.tree.leaves(positions)[0])[0])
     snapshot, reason = match_coordinates(snapshot, coordinates(jax.tree.map(lambda x: x[0], positions)))
+    other_metric = None if snapshot is None else check_metric(snapshot, metric)
     if snapshot is None:
         report = FitReport(False, reason)
+    elif other_metric is not None:
+        report = other_metric
     else:
         rows = (first_row + np.arange(num_chains)) % snapshot.positions.shape[0]
         start = jnp.asarray(snapshot.positions[rows], flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating)
@@ -155,7 +164,8 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
         if not finite:
             report = FitReport(False, "the log density is not finite at the snapshot's positions")
         else:
-            draws, acceptance = _check_run(logdensity_fn, snapshot, start, rng_key, unravel, data_logdensity)
+            draws, acceptance = _check_run(logdensity_fn, snapshot, start, rng_key, unravel, data_logdensity,
+                                           kernel)
             report = check_fit(snapshot, draws, acceptance)
     if not report.fits:
         warnings.warn(f"{name}: warm_start not used: {report.reason}. {fallback}", WarmStartWarning, stacklevel=3)

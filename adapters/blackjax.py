@@ -88,7 +88,8 @@ from ._jax_engine import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
 from ._jax_sharding import mesh_context, nested_rhat, shard_chains, superchain_positions
 from ._jax_snapshot import engine_snapshot, prepare_warm_start
-from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMCInfo, build_rmhmc_engine, transition_kernel
+from ._jax_rmhmc import (DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMCInfo, build_rmhmc_engine, check_kernel, metric_name,
+                          transition_kernel)
 
 __all__ = [
     "GPUCBAdaptationInfo",
@@ -121,9 +122,6 @@ def _builder(metric, options: dict, name: str):
             raise ValueError(f"{name}: {given[0]}= applies to Riemann-manifold HMC only; pass metric='softabs' "
                              f"(or another metric) with it, or drop {given[0]}.")
         return build_engine, options
-    if options.get("warm_start") is not None:
-        raise ValueError(f"{name}: warm_start is not available with metric= (RMHMC) yet; drop warm_start, or "
-                         "warm-start plain HMC (no metric=).")
     return build_rmhmc_engine, {**options, "metric": metric}
 
 
@@ -535,27 +533,31 @@ def _warm_start(logdensity_fn, positions, options: dict, num_warmup: int, rng_ke
 
     Without ``warm_start`` everything is returned unchanged (the same keys, so the same draws).  A fitting
     snapshot gives the engine the snapshot and the chains the check's last positions; one that does not
-    fit is dropped and the warm-up lengthened to the cold one."""
+    fit is dropped and the warm-up lengthened to the cold one.  With ``metric`` in ``options`` (RMHMC) the
+    check runs its transition and the snapshot must be of that metric."""
     if options.get("warm_start") is None:
         return options, positions, num_warmup, rng_key
     if options.get("chain_data") is not None:
         raise ValueError(f"{name}: warm_start does not combine with chain_data; fit each data set apart.")
     check_key, rng_key = jax.random.split(rng_key)
     cold = max(int(num_warmup), COLD_NUM_WARMUP)
+    kernel, metric = check_kernel(options["metric"], options) if "metric" in options else (None, "")
     snapshot, positions, _ = prepare_warm_start(
-        logdensity_fn, positions, options["warm_start"], check_key, name=name,
+        logdensity_fn, positions, options["warm_start"], check_key, name=name, kernel=kernel, metric=metric,
         fallback=f"Running the cold warm-up ({cold} iterations) instead.")
     if snapshot is None:
         return {**options, "warm_start": None}, positions, cold, rng_key
     return {**options, "warm_start": snapshot}, positions, num_warmup, rng_key
 
 
-def tuning_snapshot(info, state: EngineState | None = None) -> TuningSnapshot:
+def tuning_snapshot(info, state: EngineState | None = None, *, metric: Any = None) -> TuningSnapshot:
     """The tuning of a finished run, for the next fit's ``warm_start``.
 
     ``tuning_snapshot(info, state)`` with what :func:`run_chains` returned (``return_state=True``), or
     ``tuning_snapshot(adaptation_info)`` with ``gpucb_adaptation(...).run``'s info.  ``snapshot.save(path)``
-    keeps it beside the draws; ``TuningSnapshot.load(path)`` reads it back."""
+    keeps it beside the draws; ``TuningSnapshot.load(path)`` reads it back.  For a run with ``metric=``
+    (RMHMC) give the same ``metric``: the snapshot then keeps the step size and GP evidence in that
+    metric's units, and a warm start with another metric (or none) falls back to the cold warm-up."""
     if isinstance(info, GPUCBAdaptationInfo):  # (iterations, chains) fields
         state = info.adaptation_state
         last = (np.asarray(info.info.step_size)[-1], np.asarray(info.info.num_steps)[-1])
@@ -564,7 +566,7 @@ def tuning_snapshot(info, state: EngineState | None = None) -> TuningSnapshot:
                          "gpucb_adaptation(...).run's info.")
     else:  # run_chains: (chains, iterations) fields
         last = (np.asarray(info.step_size)[:, -1], np.asarray(info.num_steps)[:, -1])
-    return engine_snapshot(state, *last, source="blackjax")
+    return engine_snapshot(state, *last, source="blackjax", metric="" if metric is None else metric_name(metric))
 
 
 def _uniform_steps_rmhmc(logdensity_fn, step_size, num_integration_steps, min_steps_fraction, metric, *,

@@ -32,7 +32,7 @@ from ._jax_engine import EngineState, build_engine  # noqa: E402
 from ._jax_snapshot import engine_snapshot, load_snapshot, prepare_warm_start  # noqa: E402
 from ._jax_sharding import chain_mesh, set_mesh, shard_chains, traced_mesh_context  # noqa: E402
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
-from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, build_rmhmc_engine  # noqa: E402
+from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, build_rmhmc_engine, check_kernel, metric_name  # noqa: E402
 from ._numpyro_fisher import fisher_from_model, model_fisher_metric  # noqa: E402
 
 __all__ = ["AdaptiveHMC", "AdaptiveHMCState", "AdaptiveRMHMC", "AdaptiveRMHMCState", "constant_metric",
@@ -206,9 +206,10 @@ class AdaptiveHMC(MCMCKernel):
         rng_key, check_key = jax.random.split(rng_key)
         # Sequential chains each start from another of the snapshot's chains.
         first_row = 0 if self._vectorized else int(jax.random.randint(check_key, (), 0, 1 << 20))
+        kernel, metric = self._check_kernel(model_args, model_kwargs)
         snapshot, positions, _ = prepare_warm_start(
             self._logdensity_fn(model_args, model_kwargs), positions, self._warm_start, check_key,
-            name="AdaptiveHMC", first_row=first_row,
+            name=type(self).__name__, first_row=first_row, kernel=kernel, metric=metric,
             data_logdensity=(lambda data: self._logdensity_fn(*data), (model_args, model_kwargs)),
             fallback=f"The tuner starts cold within num_warmup={self._num_warmup} (a cold warm-up wants about 1000)")
         self._run_options = {**self._options, "warm_start": snapshot}
@@ -225,9 +226,10 @@ class AdaptiveHMC(MCMCKernel):
         rows = self._warm_start.positions.shape[0]
         with jax.ensure_compile_time_eval():
             stand_in = jax.tree.map(lambda x: jnp.zeros((rows,) + jnp.shape(x)[1:], jnp.result_type(x)), positions)
+            kernel, metric = self._check_kernel(model_args, model_kwargs)
             snapshot, checked, _ = prepare_warm_start(
                 self._logdensity_fn(model_args, model_kwargs), stand_in, self._warm_start,
-                jax.random.key(PARALLEL_CHECK_SEED), name="AdaptiveHMC",
+                jax.random.key(PARALLEL_CHECK_SEED), name=type(self).__name__, kernel=kernel, metric=metric,
                 data_logdensity=(lambda data: self._logdensity_fn(*data), (model_args, model_kwargs)),
                 fallback=f"The tuner starts cold within num_warmup={self._num_warmup} (a cold warm-up wants "
                          "about 1000)")
@@ -237,6 +239,10 @@ class AdaptiveHMC(MCMCKernel):
         rng_key, row_key = jax.random.split(rng_key)
         row = jax.random.randint(row_key, (), 0, rows)
         return jax.tree.map(lambda x: x[row][None], checked), rng_key
+
+    def _check_kernel(self, model_args, model_kwargs):
+        """``(kernel, metric name)`` of the warm-start check: BlackJAX's HMC kernel, no metric."""
+        return None, ""
 
     @staticmethod
     def _build_engine(logdensity_fn, **options):
@@ -352,8 +358,8 @@ def tuning_snapshot(mcmc):
     Reads ``mcmc.last_state``; with several sequential chains (one tuner each) the GP and mass matrix are
     chain 0's and the positions every chain's.  ``snapshot.save(path)`` keeps it beside the draws."""
     kernel, state = getattr(mcmc, "sampler", None), getattr(mcmc, "last_state", None)
-    if type(kernel) is not AdaptiveHMC:
-        raise ValueError("tuning_snapshot needs an MCMC run with AdaptiveHMC (AdaptiveRMHMC has no warm start).")
+    if type(kernel) not in (AdaptiveHMC, AdaptiveRMHMC):
+        raise ValueError("tuning_snapshot needs an MCMC run with AdaptiveHMC or AdaptiveRMHMC.")
     if state is None:
         raise ValueError("tuning_snapshot: the MCMC has not run yet; call mcmc.run(...) first.")
     engine = state.engine
@@ -361,8 +367,10 @@ def tuning_snapshot(mcmc):
     if mcmc.num_chains > 1 and mcmc.chain_method != "vectorized":  # chains stacked ahead of the engine's axes
         positions = jax.tree.map(lambda x: jnp.reshape(x, (-1,) + jnp.shape(x)[2:]), positions)
         engine = jax.tree.map(lambda x: x[0], engine)
+    metric = metric_name(kernel._options["metric"]) if type(kernel) is AdaptiveRMHMC else ""
+    options = {name: value for name, value in kernel._options.items() if name != "metric"}
     return engine_snapshot(engine._replace(position=positions), state.step_size, state.max_steps,
-                           options=kernel._options, source="numpyro")
+                           options=options, source="numpyro", metric=metric)
 
 
 def _unbatch(state):
@@ -441,9 +449,6 @@ class AdaptiveRMHMC(AdaptiveHMC):
                  metric: Any = "softabs", softabs_alpha: float = DEFAULT_SOFTABS_ALPHA,
                  fixed_point_tolerance: float | None = None,
                  max_fixed_point_iterations: int = DEFAULT_MAX_FIXED_POINT_ITERATIONS, **options):
-        if options.get("warm_start") is not None:
-            raise ValueError("warm_start is not available for AdaptiveRMHMC yet; use AdaptiveHMC(model, "
-                             "warm_start=...) or drop warm_start.")
         if _is_model_metric(metric) and model is None:
             raise ValueError(f"metric={metric!r} reads the model's sample sites, so it needs `model`; with "
                              "`potential_fn`, pass a metric callable or 'softabs'.")
@@ -457,15 +462,26 @@ class AdaptiveRMHMC(AdaptiveHMC):
             options["metric"] = "diagonal_softabs"
         return build_rmhmc_engine(logdensity_fn, **options)
 
-    def _engine(self, model_args, model_kwargs):
+    def _metric(self, model_args, model_kwargs):
+        """The metric argument: a model metric ("fisher", "diagonal_fisher") read off the model's sites."""
         metric = self._options.get("metric")
         if not _is_model_metric(metric):
+            return metric
+        return fisher_from_model(self._model, model_args, model_kwargs, self._unravel,
+                                 diagonal=metric == "diagonal_fisher")
+
+    def _engine(self, model_args, model_kwargs):
+        if not _is_model_metric(self._options.get("metric")):
             return super()._engine(model_args, model_kwargs)
-        fisher = fisher_from_model(self._model, model_args, model_kwargs, self._unravel,
-                                   diagonal=metric == "diagonal_fisher")
+        fisher = self._metric(model_args, model_kwargs)
         with jax.ensure_compile_time_eval():
             return build_rmhmc_engine(self._logdensity_fn(model_args, model_kwargs), num_warmup=self._num_warmup,
-                                      **{**self._options, "metric": fisher})
+                                      **{**self._run_options, "metric": fisher})
+
+    def _check_kernel(self, model_args, model_kwargs):
+        """The run's RMHMC transition, and its metric's name (the snapshot's must be the same)."""
+        kernel, _ = check_kernel(self._metric(model_args, model_kwargs), self._options)
+        return kernel, metric_name(self._options.get("metric"))
 
     @property
     def default_fields(self):

@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["TuningSnapshot", "FitReport", "WarmStartWarning", "check_fit", "load_snapshot", "match_coordinates",
+__all__ = ["TuningSnapshot", "FitReport", "WarmStartWarning", "check_fit", "check_metric", "load_snapshot",
+           "match_coordinates",
            "prior_evidence", "SNAPSHOT_FORMAT", "CHECK_ITERATIONS", "MAX_VARIANCE_RATIO", "MIN_ACCEPTANCE"]
 
 SNAPSHOT_FORMAT = 1
@@ -74,6 +75,10 @@ class TuningSnapshot:
     source              : str              which adapter took it
     coordinates         : ((name, size),)  the named blocks of the flat coordinates, in order (empty:
                                            unnamed; then only the dimension is checked)
+    metric              : str              Riemann-manifold HMC's metric (``"softabs"``, ``"fisher"``, a
+                                           callable's type name); "" for HMC with a mass matrix.  An RMHMC
+                                           snapshot's ``inverse_mass_matrix`` is the identity: ``G(x)`` is
+                                           computed afresh on the new posterior, and ``eps`` is in its units
     """
 
     inverse_mass_matrix: Any
@@ -89,6 +94,7 @@ class TuningSnapshot:
     options: dict = field(default_factory=dict)
     source: str = ""
     coordinates: tuple = ()
+    metric: str = ""
 
     def __post_init__(self):
         imm = _array(self.inverse_mass_matrix)
@@ -117,6 +123,7 @@ class TuningSnapshot:
         if blocks and sum(size for _, size in blocks) != imm.shape[0]:
             raise ValueError(f"TuningSnapshot: coordinates {blocks} do not add up to the dimension {imm.shape[0]}.")
         object.__setattr__(self, "coordinates", blocks)
+        object.__setattr__(self, "metric", str(self.metric))
 
     @property
     def dim(self) -> int:
@@ -247,11 +254,24 @@ def match_coordinates(snapshot: TuningSnapshot, coordinates) -> tuple[TuningSnap
                                coordinates=blocks), ""
 
 
+def check_metric(snapshot: TuningSnapshot, metric: str) -> FitReport | None:
+    """A failing report when the run's Riemannian metric (``""``: a mass matrix) is not the snapshot's:
+    its step size is in the units of another metric (None when they agree)."""
+    if snapshot.metric == metric:
+        return None
+    def described(name):
+        return f"metric={name!r}" if name else "a mass matrix (no metric=)"
+    return FitReport(False, f"the snapshot was taken with {described(snapshot.metric)} and this run uses "
+                            f"{described(metric)}: its step sizes are in another metric's units")
+
+
 def check_fit(snapshot: TuningSnapshot, draws, acceptance_rate: float) -> FitReport:
     """Whether a short run started from ``snapshot`` keeps its scale and acceptance.
 
     ``draws``: (chains, iterations, d) flat positions of the check run (its first third is dropped as
-    burn-in); ``acceptance_rate``: its mean acceptance probability.
+    burn-in); ``acceptance_rate``: its mean acceptance probability.  An RMHMC snapshot (``metric``)
+    is judged by acceptance alone: it holds no mass matrix whose scale could be wrong, the metric is
+    recomputed on the new posterior, and the acceptance at its arm says whether ``eps`` still fits.
     """
     draws = np.asarray(draws, dtype=float)
     if draws.ndim != 3:
@@ -262,6 +282,8 @@ def check_fit(snapshot: TuningSnapshot, draws, acceptance_rate: float) -> FitRep
     kept = draws[:, draws.shape[1] // 3:].reshape(-1, draws.shape[-1])
     ratio = np.var(kept, axis=0, ddof=1) / np.maximum(snapshot.variances, np.finfo(float).tiny)
     acceptance = float(acceptance_rate)
+    if snapshot.metric:
+        ratio = np.ones(draws.shape[-1])  # no mass matrix to compare the draws' scale with
     log_ratio = np.log(np.where(ratio > 0, ratio, np.finfo(float).tiny))
     spread = float(np.quantile(np.abs(log_ratio), 0.9)) if np.all(np.isfinite(log_ratio)) else math.inf
     overall = float(np.exp(np.mean(log_ratio))) if np.all(np.isfinite(log_ratio)) else math.inf

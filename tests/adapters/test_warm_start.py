@@ -4,6 +4,7 @@ and a snapshot that does not fit falls back to the cold warm-up with a warning.
 Correctness as in test_blackjax.py: ESS-based z-scores against the exact moments (tests/reference.py).
 """
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -240,12 +241,70 @@ def test_numpyro_warm_start_bad_input(numpyro_fit):
     model, mcmc = numpyro_fit
     with pytest.raises(ValueError, match="no such file"):
         AdaptiveHMC(model, warm_start="missing.npz")
-    with pytest.raises(ValueError, match="not available for AdaptiveRMHMC"):
-        AdaptiveRMHMC(model, warm_start=tuning_snapshot(mcmc))
     with pytest.raises(ValueError, match="has not run yet"):
         tuning_snapshot(MCMC(AdaptiveHMC(model), num_warmup=10, num_samples=10))
-    with pytest.raises(ValueError, match="needs an MCMC run with AdaptiveHMC"):
+    with pytest.raises(ValueError, match="needs an MCMC run with AdaptiveHMC or AdaptiveRMHMC"):
         tuning_snapshot(MCMC(NUTS(model), num_warmup=10, num_samples=10))
+
+
+# --------------------------------------------------------------------------- #
+# Riemann-manifold HMC (metric=): the step size and GP evidence carry over, G(x) is recomputed
+# --------------------------------------------------------------------------- #
+
+RM_SCALES = np.logspace(-1, 1, 4)
+
+
+def test_an_rmhmc_snapshot_restarts_rmhmc_and_refuses_another_metric():
+    """A diagonal SoftAbs run's snapshot: a refit at 3x the scale fits (the metric is recomputed, its eps
+    is in the metric's units) and samples its posterior with a shorter warm-up; an arm that no longer
+    accepts fails the check, and another metric (or none) is refused."""
+    with jax.enable_x64(True):
+        positions = jax.random.normal(jax.random.key(0), (NUM_CHAINS, len(RM_SCALES)))
+        _, info, state = run_chains(jax.random.key(1), gaussian(RM_SCALES), positions, 400, 200, return_state=True,
+                                    metric="diagonal_softabs")
+        snapshot = TuningSnapshot.from_json(tuning_snapshot(info, state, metric="diagonal_softabs").to_json())
+        assert snapshot.metric == "diagonal_softabs" and np.all(snapshot.inverse_mass_matrix == 1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", WarmStartWarning)
+            samples, warm = run_chains(jax.random.key(2), gaussian(3 * RM_SCALES), positions, 150, 1500,
+                                       metric="diagonal_softabs", warm_start=snapshot)
+        assert_moments_match(np.asarray(samples), np.zeros(len(RM_SCALES)), 3 * RM_SCALES)
+        assert np.asarray(warm.step_size)[0, 0] == pytest.approx(snapshot.step_size)  # the warm-up starts there
+        too_long = dataclasses.replace(snapshot, arm=(30 * snapshot.arm[0], snapshot.arm[1]))
+        with pytest.warns(WarmStartWarning, match="accept .* of proposals"):  # judged by acceptance alone
+            run_chains(jax.random.key(3), gaussian(RM_SCALES), positions, 150, 10, metric="diagonal_softabs",
+                       warm_start=too_long)
+        with pytest.warns(WarmStartWarning, match="metric='diagonal_softabs' and this run uses a mass matrix"):
+            run_chains(jax.random.key(3), gaussian(RM_SCALES), positions, 150, 10, warm_start=snapshot)
+        with pytest.warns(WarmStartWarning, match="metric='softabs'"):
+            run_chains(jax.random.key(3), gaussian(RM_SCALES), positions, 150, 10, metric="softabs",
+                       warm_start=snapshot)
+
+
+def test_numpyro_rmhmc_refits_from_its_snapshot():
+    numpyro = pytest.importorskip("numpyro")
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveRMHMC
+    from ahmc.adapters.numpyro import tuning_snapshot as numpyro_snapshot
+
+    def model(scales):
+        numpyro.sample("x", numpyro.distributions.Normal(0.0, scales))
+
+    def fit(scales, seed, num_warmup=400, **options):
+        mcmc = MCMC(AdaptiveRMHMC(model, metric="diagonal_fisher", **options), num_warmup=num_warmup,
+                    num_samples=1500, num_chains=NUM_CHAINS, chain_method="vectorized", progress_bar=False)
+        mcmc.run(jax.random.key(seed), jnp.asarray(scales))
+        return mcmc
+
+    with jax.enable_x64(True):
+        snapshot = numpyro_snapshot(fit(RM_SCALES, 0))
+        assert snapshot.metric == "diagonal_fisher" and snapshot.source == "numpyro"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", WarmStartWarning)
+            warm = fit(3 * RM_SCALES, 1, num_warmup=150, warm_start=snapshot)
+    assert_moments_match(np.asarray(warm.get_samples(group_by_chain=True)["x"]), np.zeros(len(RM_SCALES)),
+                         3 * RM_SCALES)
 
 
 # --------------------------------------------------------------------------- #
