@@ -62,6 +62,7 @@ from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 from ahmc.core import Config
 from ahmc.core.config import resolve_options
 from ahmc.core.options import check_option_names
+from ahmc.core.snapshot import metric_name
 from ahmc.core.space import RMHMC_NUM_STEPS_CAP
 
 from ._jax_engine import build_engine
@@ -281,13 +282,6 @@ def transition_kernel(
     return build_rmhmc_kernel(resolved, fixed_point_tolerance=fixed_point_tolerance,
                               max_fixed_point_iterations=int(max_fixed_point_iterations),
                               divergence_threshold=divergence_threshold)
-
-
-def metric_name(metric) -> str:
-    """What a warm-start snapshot records of ``metric``: its name, or a callable's (type) name."""
-    if isinstance(metric, str):
-        return metric
-    return getattr(metric, "__name__", None) or type(metric).__name__
 
 
 def check_kernel(metric, options: dict) -> tuple[Callable, str]:

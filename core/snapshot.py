@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["TuningSnapshot", "FitReport", "WarmStartWarning", "check_fit", "check_metric", "load_snapshot",
+__all__ = ["TuningSnapshot", "FitReport", "WarmStartWarning", "check_fit", "check_metric", "load_snapshot", "metric_name",
            "match_coordinates",
            "prior_evidence", "SNAPSHOT_FORMAT", "CHECK_ITERATIONS", "MAX_VARIANCE_RATIO", "MIN_ACCEPTANCE"]
 
@@ -252,6 +252,13 @@ def match_coordinates(snapshot: TuningSnapshot, coordinates) -> tuple[TuningSnap
     imm = imm[np.ix_(order, order)] if imm.ndim == 2 else imm[order]
     return dataclasses.replace(snapshot, inverse_mass_matrix=imm, positions=snapshot.positions[:, order],
                                coordinates=blocks), ""
+
+
+def metric_name(metric) -> str:
+    """What a snapshot records of a Riemannian ``metric`` argument: its name, or a callable's (type) name."""
+    if isinstance(metric, str):
+        return metric
+    return getattr(metric, "__name__", None) or type(metric).__name__
 
 
 def check_metric(snapshot: TuningSnapshot, metric: str) -> FitReport | None:

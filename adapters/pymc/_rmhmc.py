@@ -17,6 +17,7 @@ from pymc.step_methods.hmc.quadpotential import QuadPotential, QuadPotentialFull
 from pytensor.gradient import jacobian
 from ahmc.core.space import RMHMC_NUM_STEPS_CAP
 from ahmc.core.config import resolve_options
+from ahmc.core.snapshot import metric_name
 from .. import _riemann
 from .._pymc_fisher import assemble_fisher, fisher_parts, flatten_parts, unflatten_parts
 from .._riemann import Geometry, NotPositiveDefiniteError
@@ -345,8 +346,6 @@ class AdaptiveRMHMC(AdaptiveHMC):
     logistic regressions with strong correlations) and ``d`` is at most a few tens.
     """
 
-    warm_start_supported = False  # not yet (docs/warm_start.md)
-
     name = "adaptive_rmhmc"
     stats_dtypes_shapes = {name: (dtype, shape) for name, dtype, shape, _ in STATS + RMHMC_STATS}
 
@@ -401,6 +400,10 @@ class AdaptiveRMHMC(AdaptiveHMC):
         self.integrator = _GeneralizedLeapfrogIntegrator(evaluate, self.fixed_point_tolerance,
                                                          self.max_fixed_point_iterations, _samples_every_variable(self))
         self._riemann = True
+
+    def _warm_metric_name(self) -> str:
+        """A warm start's snapshot must be of this metric: its step sizes are in the metric's units."""
+        return "softabs" if self.metric is None else metric_name(self.metric)
 
     @property
     def _size(self):

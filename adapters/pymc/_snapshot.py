@@ -15,7 +15,7 @@ from pymc.model import modelcontext
 from pytensor.graph.replace import clone_replace
 
 from ahmc.core.config import Config
-from ahmc.core.snapshot import TuningSnapshot
+from ahmc.core.snapshot import TuningSnapshot, metric_name
 from ahmc.core.space import search_space
 
 __all__ = ["tuning_snapshot", "value_coordinates", "SNAPSHOT_ATTR"]
@@ -86,8 +86,9 @@ def _round_evidence(tree, space) -> tuple:
     return units.reshape(-1, 2), means, counts
 
 
-def _step_snapshot(tree, model) -> TuningSnapshot:
-    """A snapshot from a ``pm.sample(step=AdaptiveHMC())`` DataTree (its stats and draws)."""
+def _step_snapshot(tree, model, metric=None) -> TuningSnapshot:
+    """A snapshot from a ``pm.sample(step=AdaptiveHMC())`` DataTree (its stats and draws); an
+    ``AdaptiveRMHMC`` run's (its ``fixed_point_converged`` stat) keeps ``metric``'s name and no mass matrix."""
     stats = tree["sample_stats"] if "sample_stats" in tree.children else {}
     needed = ("reward", "step_size", "max_steps", "step_size_bar", "step_size_min", "step_size_max",
               "max_steps_min", "max_steps_max", "dense_mass_matrix")
@@ -109,23 +110,30 @@ def _step_snapshot(tree, model) -> TuningSnapshot:
     num_l = len(space.num_steps)
     pooled = flat.reshape(-1, flat.shape[-1])
     dense = bool(np.asarray(stats["dense_mass_matrix"])[0, -1])
-    metric = np.atleast_2d(np.cov(pooled, rowvar=False)) if dense else np.var(pooled, axis=0, ddof=1)
+    riemannian = "fixed_point_converged" in stats
+    name = ("softabs" if metric is None else metric_name(metric)) if riemannian else ""
+    if riemannian:
+        imm = np.ones(flat.shape[-1])  # G(x) is recomputed on the new posterior
+    else:
+        imm = np.atleast_2d(np.cov(pooled, rowvar=False)) if dense else np.var(pooled, axis=0, ddof=1)
     return TuningSnapshot(
-        inverse_mass_matrix=metric, step_size=float(np.asarray(stats["step_size_bar"])[0, -1]),
+        inverse_mass_matrix=imm, step_size=float(np.asarray(stats["step_size_bar"])[0, -1]), metric=name,
         step_size_bounds=box, num_steps_bounds=l_box, arm=arm, positions=flat[:, -1],
         gp_arms=arms, gp_rewards=rewards, gp_counts=counts,
         arm_unit=(space.step_size_unit[index // num_l], space.num_steps_unit[index % num_l]),
         source="pymc", coordinates=value_coordinates(model, value_vars))
 
 
-def tuning_snapshot(tree, model=None) -> TuningSnapshot:
+def tuning_snapshot(tree, model=None, *, metric=None) -> TuningSnapshot:
     """The tuning of a finished PyMC run, for the next fit's ``warm_start=``.
 
     ``tree``: the DataTree of ``pm.sample(step=AdaptiveHMC())`` (then ``model``, or the model context,
     maps its draws to the unconstrained coordinates: the mass matrix is their variance, chain 0's rounds
     are the GP's evidence) or of ``sample_numpyro_ahmc`` (its ``ahmc_tuning_snapshot`` attribute).
+    For an ``AdaptiveRMHMC(metric=...)`` run give the same ``metric`` (``None``: SoftAbs): its step sizes
+    are in that metric's units, and a refit with another metric falls back to the cold warm-up.
     """
     text = getattr(tree, "attrs", {}).get(SNAPSHOT_ATTR)
     if text is not None:
         return TuningSnapshot.from_json(text)
-    return _step_snapshot(tree, model)
+    return _step_snapshot(tree, model, metric)

@@ -17,7 +17,8 @@ import numpy as np
 import scipy.linalg
 from pymc.blocking import RaveledVars
 
-from ahmc.core.snapshot import CHECK_ITERATIONS, WarmStartWarning, check_fit, load_snapshot, match_coordinates
+from ahmc.core.snapshot import (CHECK_ITERATIONS, WarmStartWarning, check_fit, check_metric, load_snapshot,
+                                match_coordinates)
 from ahmc.core.snapshot import prior_evidence
 
 from ._snapshot import value_coordinates
@@ -42,14 +43,21 @@ class WarmStartMixin:
         if not self.warm_start_supported:
             raise ValueError(f"{name}: warm_start is not available here yet; use AdaptiveHMC(warm_start=...) "
                              "(one tuner per chain) or drop warm_start.")
-        if not self._adapts_metric:
+        if not self._adapts_metric and not self._warm_metric_name():
             raise ValueError(f"{name}(warm_start=...) starts from the snapshot's mass matrix: drop potential= "
                              "and scaling=, and keep adapt_mass_matrix=True.")
         snapshot, reason = match_coordinates(load_snapshot(warm_start), value_coordinates(model, value_vars))
+        other_metric = None if snapshot is None else check_metric(snapshot, self._warm_metric_name())
+        if other_metric is not None:
+            snapshot, reason = None, other_metric.reason
         if snapshot is None:
             warnings.warn(f"{name}: warm_start not used: {reason}. The warm-up runs cold; give tune=1000.",
                           WarmStartWarning, stacklevel=3)
         self._snapshot = snapshot
+
+    def _warm_metric_name(self) -> str:
+        """The Riemannian metric a snapshot must have been taken with ("": a mass matrix; AdaptiveRMHMC's own)."""
+        return ""
 
     def _snapshot_metric(self):
         """The snapshot's inverse mass matrix in the shape of this step's potential (dense or diagonal)."""
@@ -62,7 +70,10 @@ class WarmStartMixin:
         """Restart the warm-up's potential from ``metric`` (``None``: the cold start, PyMC's reset).
 
         PyMC restores a step's state between sequential chains and refuses one whose frozen fields (the
-        potential's initial values) changed, so the snapshot's metric goes into the live fields only."""
+        potential's initial values) changed, so the snapshot's metric goes into the live fields only.
+        A step that adapts no mass matrix (AdaptiveRMHMC: ``G(x)`` is the metric) keeps its potential."""
+        if not self._adapts_metric:
+            return
         potential = self.potential
         potential.reset()
         if metric is None:

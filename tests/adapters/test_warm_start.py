@@ -456,12 +456,36 @@ def test_pymc_pooled_step_refits_with_one_verdict_for_all_chains(pymc_fit):
     assert_moments_match(np.asarray(idata.posterior["x"]), np.zeros(len(SCALES)), wider)
 
 
+def test_pymc_rmhmc_refits_from_its_snapshot(pymc_fit):
+    """AdaptiveRMHMC: the snapshot keeps its metric's name, step size and GP evidence, no mass matrix; the
+    refit's check runs at its arm, and a refit at 3x the scale samples its posterior with a short tune."""
+    from ahmc.adapters.pymc import AdaptiveRMHMC, tuning_snapshot
+    from ahmc.core.snapshot import CHECK_ITERATIONS
+
+    pm = pymc_fit[0]
+    with pymc_model(pm, RM_SCALES) as model:
+        idata = pymc_sample(pm, model, AdaptiveRMHMC(metric="diagonal_fisher"), tune=400, draws=200, cores=1)
+        snapshot = tuning_snapshot(idata, metric="diagonal_fisher")
+    assert snapshot.metric == "diagonal_fisher" and np.all(snapshot.inverse_mass_matrix == 1.0)
+    with pymc_model(pm, 3 * RM_SCALES) as model, warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)
+        idata = pymc_sample(pm, model, AdaptiveRMHMC(metric="diagonal_fisher", warm_start=snapshot), tune=150,
+                            draws=1000, cores=1, discard_tuned_samples=False)
+    warm = idata.warmup_sample_stats
+    assert np.all(np.asarray(warm.max_steps)[:, :CHECK_ITERATIONS] == snapshot.arm[1])
+    assert np.all(np.asarray(warm.step_size)[:, CHECK_ITERATIONS] == snapshot.step_size)
+    assert_moments_match(np.asarray(idata.posterior["x"]), np.zeros(len(RM_SCALES)), 3 * RM_SCALES)
+    assert_moments_match(np.log(np.asarray(idata.posterior["s"]))[..., None], [LOG_S[0]], [LOG_S[1]])
+    with pymc_model(pm, RM_SCALES), pytest.warns(WarmStartWarning, match="metric='diagonal_fisher'"):
+        AdaptiveRMHMC(metric="fisher", warm_start=snapshot)
+
+
 def test_pymc_step_warm_start_bad_input(pymc_fit):
     from ahmc.adapters.pymc import AdaptiveHMC, AdaptiveRMHMC, tuning_snapshot
 
     pm, model, idata, snapshot = pymc_fit
     with model:
-        with pytest.raises(ValueError, match="warm_start is not available here yet"):
+        with pytest.warns(WarmStartWarning, match="this run uses metric='softabs'"):  # a mass matrix's eps
             AdaptiveRMHMC(warm_start=snapshot)
         with pytest.raises(ValueError, match="drop potential= and scaling="):
             AdaptiveHMC(warm_start=snapshot, scaling=np.ones(len(SCALES) + 1))
