@@ -16,6 +16,10 @@ The schedule (metric-phase length, windows, ``k``, freezing) is :func:`ahmc.core
 ``step(key, state, sampling=True)`` traces the sampling phase without the warm-up adaptation, and
 ``scan_draws`` runs whole rounds without a run-time branch per iteration.
 
+Its types are :mod:`ahmc.adapters._jax_types`'; the checks and resolution of its options
+:mod:`ahmc.adapters._jax_setup`'s; whole runs (one compiled program, engines reused across calls)
+:mod:`ahmc.adapters._jax_run`'s.
+
 The execution options of :func:`build_engine` (the tuning options are the Config's):
 
 pooled
@@ -54,7 +58,6 @@ sequential_chains
 from __future__ import annotations
 
 import functools
-import inspect
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -67,213 +70,20 @@ import blackjax.mcmc.hmc as hmc
 import blackjax.mcmc.integrators as integrators
 from blackjax.adaptation.step_size import find_reasonable_step_size
 
-from ahmc.core import Config, RoundStats, TunerState, gp_ucb, search_space
-from ahmc.core.config import GPConfig, resolve_options
-from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, resolve_metric_recipe
-from ahmc.core.objectives import get_objective, needs_center
-from ahmc.core.options import check_option_names, whole_number_pair
-from ahmc.core.schedule import WarmupPlan, first_unit_num_steps, plan_warmup, warmup_num_steps
-from ahmc.core.snapshot import prior_evidence
+from ahmc.core.mass_matrix import resolve_metric_recipe
+from ahmc.core.objectives import needs_center
+from ahmc.core.schedule import WarmupPlan, warmup_num_steps
 from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction
 
-from ._jax_kernel import MAX_STEP_BINS, ChainKernel, build_chain_kernel, inverse_cholesky
-from ._jax_rounds import Rounds, build_rounds
-from ._jax_sharding import to_host
-from ._jax_warmup import SearchBox, Warmup, WarmupState, WindowStats, build_warmup
+from ._jax_kernel import ChainKernel, build_chain_kernel, inverse_cholesky
+from ._jax_rounds import Rounds
+from ._jax_setup import (_DEFAULT, _check_finite, _check_options, _check_positions, _checked_plan, _gp_tuner,
+                         _initial_metric, _rounds, _search_setup, _tuner_prior, _warm_metric, _warmup_of,
+                         with_config)
+from ._jax_types import Engine, EngineConfig, EngineInfo, EngineState, SearchBox, WindowStats
+from ._jax_warmup import Warmup, WarmupState
 
-__all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine",
-           "sample"]
-
-
-class EngineState(NamedTuple):
-    """State of all chains, the tuner and the warm-up adapters (a pytree).
-
-    Chain-batched fields have a leading axis of size ``num_chains``.
-
-    position : pytree, (C, ...)          current positions
-    logdensity : float, (C,)             log density at ``position``
-    logdensity_grad : pytree, (C, ...)   its gradient
-    iteration : int32, ()                iterations done (shared by all chains)
-    tuner : TunerState                   one tuner (pooled) or batched (C,) (independent)
-    round_stats : RoundStats, (C,)       running sums of the current round, per chain (a
-                                         TrajectoryRoundStats with jump_estimate="trajectory")
-    inverse_mass_matrix : float, (D,)    diagonal inverse mass matrix (flattened position)
-    box : SearchBox                      the search box in use
-    step_size_adaptation : DualAveragingAdaptationState (unbatched, pooled acceptance)
-    mass_matrix_adaptation : MassMatrixAdaptationState (pooled Welford)
-    adapt_probability : float, ()        p_i of the latest tuner update (1 before any)
-    window : WindowStats                 per-chain log density / acceptance sums since the last chain check
-
-    Only with ``round_end_fn`` / ``super_transitions`` (``None`` otherwise):
-
-    round_draws : pytree, (C, M, ...)    positions of the current round (slot j = its j-th iteration)
-    round_iteration : int32, ()          iterations done in the current round
-    round_target : int32, ()             iterations of the current round (super-transitions)
-    round_end_state : pytree             the round-end hook's own state
-
-    Only with ``objective="esjd_moments"`` (``None`` otherwise):
-
-    center : float, (D,)                 mean of the latest mass-matrix window (flattened position)
-
-    Only with a dense inverse mass matrix (``dense_mass=True``, or ``"auto"`` up to d = 200; ``None``
-    otherwise):
-
-    whitening : float, (D, D)            inverse Cholesky factor of ``inverse_mass_matrix``: the
-                                         reward measures jumps as ``whitening @ x``
-    """
-
-    position: Any
-    logdensity: Any
-    logdensity_grad: Any
-    iteration: Any
-    tuner: TunerState
-    round_stats: RoundStats
-    inverse_mass_matrix: Any
-    box: SearchBox
-    step_size_adaptation: Any
-    mass_matrix_adaptation: Any
-    adapt_probability: Any
-    window: WindowStats
-    round_draws: Any = None
-    round_iteration: Any = None
-    round_target: Any = None
-    round_end_state: Any = None
-    center: Any = None
-    whitening: Any = None
-
-
-class EngineInfo(NamedTuple):
-    """Per-iteration information; every field has shape (C,) (one per chain).
-
-    step_size              step size used
-    num_steps              the arm's ``L`` (maximum number of leapfrog steps)
-    num_integration_steps  leapfrog steps taken (uniform on ``{1..L}``)
-    acceptance_rate        Metropolis acceptance probability
-    is_accepted            whether the proposal was accepted
-    is_divergent           energy error above ``divergence_threshold``
-    energy                 total energy (Hamiltonian) of the chain's state after the transition:
-                           the proposal's if accepted, else the starting point's, as NumPyro and Stan report it
-    logdensity             log density after the transition (minus potential energy)
-    reward                 reward fed to the tuner (NaN except at round ends)
-    round                  1-based index of the GP round of this iteration (0 before the GP phase)
-    arm_changed            the tuner moved the arm at the end of this iteration
-    adapt_probability      p_i in effect (the latest update's)
-    is_warmup              the iteration belongs to warm-up
-    fixed_point_converged  RMHMC: every implicit solve converged (always True for HMC)
-    num_gradient_evals     log-density gradients (+ metric evaluations for RMHMC) of the transition
-    restarted              the chain was lost and restarted from another chain's position (warm-up checks)
-    """
-
-    step_size: Any
-    num_steps: Any
-    num_integration_steps: Any
-    acceptance_rate: Any
-    is_accepted: Any
-    is_divergent: Any
-    energy: Any
-    logdensity: Any
-    reward: Any
-    round: Any
-    arm_changed: Any
-    adapt_probability: Any
-    is_warmup: Any
-    fixed_point_converged: Any
-    num_gradient_evals: Any
-    restarted: Any
-
-
-class EngineConfig(NamedTuple):
-    """Static configuration resolved by :func:`build_engine` (Python values only)."""
-
-    num_warmup: int
-    metric_phase_length: int  # iterations before the GP starts (0 = GP from the first round)
-    round_length: int
-    num_warmup_rounds: int
-    k: int
-    pooled: bool
-    adapt_mass_matrix: bool
-    auto_box: bool
-    step_size_factors: tuple
-    max_integration_time: float
-    num_steps_cap: int
-    warmup_integration_time: float
-    target_acceptance_rate: float
-    objective: Callable
-    freeze_after: int | None
-    restart_lost_chains: bool
-    min_steps_fraction: float = 0.0
-    jump_estimate: str = "transition"
-
-
-class Engine(NamedTuple):
-    """``init(positions, rng_key) -> EngineState`` and ``step(rng_key, state) -> (EngineState, EngineInfo)``.
-
-    ``step`` advances every chain by one iteration; do not ``vmap`` it (the
-    chain axis is already inside).  ``parameters(state)`` gives the current
-    ``step_size``, ``inverse_mass_matrix`` (pytree-flattened diagonal) and
-    ``num_integration_steps`` (``L``) of chain 0's arm (all chains share it
-    when pooled).  ``tuner`` is the core tuner (``tuner.surrogate`` for plots).
-    ``scan_draws(rng_key, state, num_samples, first_iteration)`` runs the iterations after
-    warm-up: the same draws as scanning ``step``, without per-iteration warm-up work and run-time
-    branches (``None``: scan ``step``).
-    """
-
-    init: Callable
-    step: Callable
-    parameters: Callable
-    tuner: Any
-    config: EngineConfig
-    scan_draws: Callable | None = None
-    options: dict | None = None  # the tuning options the user set (a snapshot keeps them)
-
-
-def _pair(name, value, *, integer):
-    try:
-        lo, hi = value
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a pair (lower, upper); got {value!r}.") from None
-    if integer:
-        return whole_number_pair(name, value)
-    return float(lo), float(hi)
-
-
-def _check_user_num_steps(num_steps_bounds, super_transitions) -> tuple[int, int]:
-    """The user's ``(lower, upper)`` L range, checked against a round's leapfrog budget."""
-    l_box = _pair("num_steps_bounds", num_steps_bounds, integer=True)
-    if super_transitions and l_box[1] > 2 * super_transitions - 1:
-        raise ValueError(
-            f"num_steps_bounds upper {l_box[1]} exceeds 2 * super_transitions - 1 = "
-            f"{2 * super_transitions - 1}: one transition would overrun the round's budget; lower it.")
-    return l_box
-
-
-_DEFAULT = Config()
-
-
-def with_config(build, owner: str = "ahmc", extra_names=()):
-    """``build`` taking ``config=`` (an :class:`ahmc.core.Config`) and ``paper_preset=`` besides its flat options.
-
-    The tuning options are validated together by the Config and the rest against ``build``'s own
-    arguments (and ``extra_names``), before anything is traced: an unknown name fails with the
-    nearest valid one. Only the options the user set are passed on, so the route's own defaults
-    (which equal the Config's, or resolve its ``None``) apply to the rest.  An :class:`Engine` keeps the
-    tuning options set (``options``).
-    """
-
-    @functools.wraps(build)
-    def built(logdensity_fn, **options):
-        paper = options.get("paper_preset", False) is True
-        tuning, execution = resolve_options(options, owner)
-        valid = (set(inspect.signature(build).parameters) | set(extra_names)) - {"logdensity_fn"}
-        check_option_names(execution, valid | set(Config.option_names()), owner)
-        if paper:  # the paper's chains draw their step counts independently
-            execution.setdefault("shared_num_steps", False)
-        built_engine = build(logdensity_fn, **tuning, **execution)
-        if isinstance(built_engine, Engine):
-            built_engine = built_engine._replace(options=dict(tuning))
-        return built_engine
-
-    return built
+__all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine"]
 
 
 @functools.partial(with_config, owner="ahmc")
@@ -377,51 +187,6 @@ def build_engine(
                   tuner=tuner, config=config, scan_draws=partial(_scan_draws_of, parts))
 
 
-def _warmup_of(config: EngineConfig, plan: WarmupPlan, *, recipe, use_center, compare_chains, user_num_steps,
-               super_transitions):
-    """The warm-up adaptation (:func:`ahmc.adapters._jax_warmup.build_warmup`) for the engine's settings."""
-    return build_warmup(
-        plan, target_acceptance_rate=config.target_acceptance_rate,
-        warmup_integration_time=config.warmup_integration_time,
-        warmup_max_steps=min(config.num_steps_cap, WARMUP_MAX_STEPS), recipe=recipe, use_center=use_center,
-        restart_lost_chains=config.restart_lost_chains, compare_chains=compare_chains, auto_box=config.auto_box,
-        user_num_steps=user_num_steps, step_size_factors=config.step_size_factors,
-        max_integration_time=config.max_integration_time, num_steps_cap=config.num_steps_cap,
-        box_max_steps=2 * int(super_transitions) - 1 if super_transitions else None)
-
-
-def _rounds(tuner, space, box0, config, plan, **options):
-    """The GP rounds' steps (:func:`build_rounds`) for the engine's configuration."""
-    by_trajectory = config.jump_estimate == "trajectory"
-    return build_rounds(
-        tuner, pooled=config.pooled, log_grid=space.log_step_size or config.auto_box, by_trajectory=by_trajectory,
-        num_step_values=min(int(box0[1][1]), MAX_STEP_BINS) if by_trajectory else 0,
-        min_steps_fraction=config.min_steps_fraction, objective_fn=config.objective,
-        num_warmup_rounds=plan.num_warmup_rounds, **options)
-
-
-def _checked_plan(num_warmup, *, metric_fraction, auto_box, use_center, objective, **schedule):
-    """The warm-up plan (:func:`plan_warmup`), with a metric phase where the automatic box or a centred
-    objective needs one."""
-    plan = plan_warmup(num_warmup, metric_fraction=metric_fraction, auto_box=auto_box, **schedule)
-    if auto_box and plan.metric_phase_length < 1:
-        raise ValueError(
-            "The automatic search box needs a metric (dual-averaging) phase: "
-            f"num_warmup={num_warmup} with metric_fraction={metric_fraction} leaves none. "
-            "Give step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi), or more warm-up.")
-    if use_center and plan.metric_phase_length < 1:
-        raise ValueError(
-            f"objective={objective!r} needs a metric phase to estimate the posterior mean: num_warmup={num_warmup} "
-            f"with metric_fraction={metric_fraction} leaves none. Give more warm-up or a larger metric_fraction.")
-    return plan
-
-
-def _gp_tuner(space, plan, *, noise_variance, **gp_options):
-    """The pooled GP-UCB tuner over ``space``, on the plan's schedule (its ``k`` and freezing round)."""
-    noise_variance = GPConfig(noise_variance=noise_variance).resolved_noise_variance(one_chain_rounds=False)
-    return gp_ucb(space, noise_variance=noise_variance, k=plan.k, freeze_after=plan.freeze_rounds, **gp_options)
-
-
 class _Parts(NamedTuple):
     """What :func:`build_engine` resolved and built (static): the engine's functions take it first."""
 
@@ -443,111 +208,6 @@ class _Parts(NamedTuple):
     super_transitions: int | None
     buffer_length: int
     tuner_prior: Any = None  # a NumPy TunerState holding a warm start's GP evidence
-
-
-def _tuner_prior(tuner, warm_start, max_weight):
-    """The tuner's first state holding a warm start's GP evidence (None without a warm start)."""
-    if warm_start is None:
-        return None
-    space = tuner.space
-    arms, rewards, weights, start_arm = prior_evidence(warm_start, space.step_size_unit, space.num_steps_unit,
-                                                       max_weight)
-    return tuner.prefill(arms, rewards, weights, start_arm=start_arm)
-
-
-def _warm_metric(warm_start, inverse_mass_matrix, dense_mass, initial_step_size, follow_snapshot=True):
-    """``(inverse_mass_matrix, dense_mass, initial_step_size)``: the warm start's where the user gave none
-    (``follow_snapshot``: the snapshot's matrix sets ``dense_mass``; a ``metric_recipe`` sets it otherwise)."""
-    if warm_start is None:
-        return inverse_mass_matrix, dense_mass, initial_step_size
-    if not hasattr(warm_start, "inverse_mass_matrix") or not hasattr(warm_start, "gp_arms"):
-        raise ValueError("warm_start must be an ahmc.core.snapshot.TuningSnapshot (or the path of a saved one); "
-                         f"got {type(warm_start).__name__}.")
-    if inverse_mass_matrix is None:
-        inverse_mass_matrix = warm_start.inverse_mass_matrix
-        if dense_mass != "auto" and follow_snapshot:
-            dense_mass = inverse_mass_matrix.ndim == 2
-    return inverse_mass_matrix, dense_mass, warm_start.step_size if initial_step_size is None else initial_step_size
-
-
-def _check_options(logdensity_fn, *, num_warmup, step_size_bounds, num_steps_bounds, round_length, metric_fraction,
-                   step_size_factors, max_integration_time, warmup_integration_time, num_steps_cap,
-                   target_acceptance_rate, dense_mass, objective, divergence_penalty, adapt_mass_matrix,
-                   super_transitions, pooled, round_end_fn, initial_arm, jump_estimate, kernel):
-    """Every check of :func:`build_engine`'s options, before anything is traced:
-    ``(objective_fn, jump_estimate, step_size_factors, metric_fraction)`` resolved."""
-    if not callable(logdensity_fn):
-        raise ValueError("logdensity_fn must be callable: position -> scalar log density.")
-    if jump_estimate is None:
-        jump_estimate = "trajectory" if kernel is None else "transition"
-    if jump_estimate not in ("transition", "trajectory"):
-        raise ValueError(f"jump_estimate must be 'transition' (the jumps made, the paper's) or 'trajectory' "
-                         f"(every leapfrog step); got {jump_estimate!r}.")
-    if jump_estimate == "trajectory" and kernel is not None:
-        raise ValueError("jump_estimate='trajectory' needs the engine's own HMC kernel; with a user kernel "
-                         "(e.g. RMHMC) use jump_estimate='transition'.")
-    if not isinstance(num_warmup, (int, np.integer)) or num_warmup < 0:
-        raise ValueError(f"num_warmup must be an integer >= 0; got {num_warmup!r}.")
-    if step_size_bounds is not None and num_steps_bounds is None:
-        raise ValueError(
-            "step_size_bounds needs num_steps_bounds=(lo, hi) too (the automatic L range is set from the "
-            "warm-up's step size, which a user step-size box replaces); or give num_steps_bounds alone to keep "
-            "the automatic step-size box.")
-    if not isinstance(round_length, (int, np.integer)) or round_length < 1:
-        raise ValueError(f"round_length must be a positive integer; got {round_length!r}.")
-    metric_fraction = 0.5 if metric_fraction is None else metric_fraction
-    if not 0.0 <= metric_fraction < 1.0:
-        raise ValueError(f"metric_fraction must be in [0, 1); got {metric_fraction!r}.")
-    lo_factor, hi_factor = _pair("step_size_factors", step_size_factors, integer=False)
-    if not 0 < lo_factor <= 1.0 <= hi_factor:
-        raise ValueError(f"step_size_factors must satisfy 0 < lower <= 1 <= upper; got {step_size_factors!r}.")
-    if not (max_integration_time > 0 and warmup_integration_time > 0):
-        raise ValueError("max_integration_time and warmup_integration_time must be > 0.")
-    if not isinstance(num_steps_cap, (int, np.integer)) or num_steps_cap < 1:
-        raise ValueError(f"num_steps_cap must be a positive integer; got {num_steps_cap!r}.")
-    if not 0.0 < target_acceptance_rate < 1.0:
-        raise ValueError(f"target_acceptance_rate must be in (0, 1); got {target_acceptance_rate!r}.")
-    if not (isinstance(dense_mass, (bool, np.bool_)) or (isinstance(dense_mass, str) and dense_mass == "auto")):
-        raise ValueError(
-            f"dense_mass must be True, False or 'auto' (one matrix over all parameters); got {dense_mass!r}. "
-            "Blocks of sites (NumPyro's list form) are not supported.")
-    objective_fn = get_objective(objective, divergence_penalty)
-    if needs_center(objective_fn) and not adapt_mass_matrix:
-        raise ValueError(
-            f"objective={objective!r} measures the squares about the posterior mean estimated with the mass "
-            "matrix, so it needs adapt_mass_matrix=True (it does not apply to RMHMC, whose metric replaces "
-            "the mass matrix). Use objective='normalized_esjd' or adapt the mass matrix.")
-    if super_transitions is not None and (
-            not isinstance(super_transitions, (int, np.integer)) or super_transitions < 1 or not pooled):
-        raise ValueError(
-            f"super_transitions must be None or a positive integer leapfrog budget per round (with "
-            f"pooled=True); got {super_transitions!r}.")
-    if round_end_fn is not None and not callable(round_end_fn):
-        raise ValueError("round_end_fn must be callable (draws, num_draws, hook_state) -> (reward, hook_state).")
-    if initial_arm is not None and step_size_bounds is None:
-        raise ValueError("initial_arm needs a user box: give step_size_bounds and num_steps_bounds too.")
-    return objective_fn, jump_estimate, (lo_factor, hi_factor), metric_fraction
-
-
-def _search_setup(auto_box, step_size_bounds, num_steps_bounds, factors, num_step_sizes, num_num_steps,
-                  log_step_size, max_integration_time, num_steps_cap, super_transitions, initial_arm):
-    """The tuner's grid, its first arm and the initial box ``((eps lo, hi), (L lo, hi))``.
-
-    The automatic box is set at the end of the metric phase from ``eps*``; until then its grid is in units
-    of ``eps*`` (``step_size_factors``) and of the ``L`` range, and the first arm is ``eps = eps*`` with a
-    mean integration time of ~1.5."""
-    if not auto_box:
-        eps_box = _pair("step_size_bounds", step_size_bounds, integer=False)
-        l_box = _check_user_num_steps(num_steps_bounds, super_transitions)
-        space = search_space(eps_box, l_box, num_step_sizes=num_step_sizes, log_step_size=log_step_size)
-        return space, initial_arm, (eps_box, l_box)
-    unit_l = first_unit_num_steps(max_integration_time)
-    if num_steps_bounds is None:
-        space = search_space(factors, (1, num_num_steps), num_step_sizes=num_step_sizes, log_step_size=True)
-        return space, (1.0, 1 + round(unit_l * (num_num_steps - 1))), (factors, (1, num_steps_cap))
-    l_box = _check_user_num_steps(num_steps_bounds, super_transitions)  # every integer in it, eps automatic
-    space = search_space(factors, l_box, num_step_sizes=num_step_sizes, log_step_size=True)
-    return space, (1.0, l_box[0] + round(unit_l * (l_box[1] - l_box[0]))), (factors, l_box)
 
 
 def _init(parts: _Parts, positions, rng_key=None) -> EngineState:
@@ -587,42 +247,6 @@ def _init(parts: _Parts, positions, rng_key=None) -> EngineState:
         step_size_adaptation=warmup.step_size_state(eps0), mass_matrix_adaptation=warmup.mass_matrix_state(dim, dtype, dense, num_chains),
         adapt_probability=jnp.asarray(1.0, dtype), window=warmup.window_state(num_chains, dtype),
         whitening=inverse_cholesky(imm) if dense else None, **_round_buffers(parts, positions, tuner_state, box, rng_key))
-
-
-def _check_positions(positions, chain_data) -> int:
-    """The chain count of ``positions`` (a leading axis on every leaf), or a ValueError that says how to add it."""
-    leaves = jax.tree.leaves(positions)
-    if not leaves:
-        raise ValueError("positions is an empty pytree.")
-    num_chains = int(np.shape(leaves[0])[0]) if np.ndim(leaves[0]) > 0 else 0
-    if num_chains < 1 or any(np.ndim(x) < 1 or np.shape(x)[0] != num_chains for x in leaves):
-        raise ValueError(
-            "positions must have a leading chain axis of the same size on every leaf "
-            "(for one chain: jax.tree.map(lambda x: x[None], position)).")
-    if chain_data is not None and any(np.ndim(x) < 1 or np.shape(x)[0] != num_chains
-                                      for x in jax.tree.leaves(chain_data)):
-        raise ValueError(f"chain_data must have a leading chain axis of size {num_chains} on every leaf.")
-    return num_chains
-
-
-def _initial_metric(inverse_mass_matrix, dense_mass, dim, dtype):
-    """``(inverse mass matrix, dense)``: the user's (checked against ``dense_mass``) or the identity."""
-    auto_dense = isinstance(dense_mass, str)
-    if inverse_mass_matrix is None:
-        dense = bool(dense_mass) and not (auto_dense and dim > DENSE_AUTO_MAX_DIM)
-        return (jnp.eye(dim, dtype=dtype) if dense else jnp.ones(dim, dtype)), dense
-    imm = jnp.asarray(inverse_mass_matrix, dtype)
-    dense = imm.ndim == 2 if auto_dense else bool(dense_mass)
-    if auto_dense and imm.shape not in ((dim,), (dim, dim)):
-        raise ValueError(f"inverse_mass_matrix must be ({dim},) or ({dim}, {dim}) with dense_mass='auto'; "
-                         f"got shape {imm.shape}.")
-    if dense_mass and not auto_dense and imm.shape != (dim, dim):
-        raise ValueError(f"inverse_mass_matrix must be a ({dim}, {dim}) matrix with dense_mass=True; "
-                         f"got shape {imm.shape}.")
-    if not dense_mass and imm.shape != (dim,):
-        hint = " (a full matrix: that needs dense_mass=True)" if imm.shape == (dim, dim) else ""
-        raise ValueError(f"inverse_mass_matrix must be a diagonal of shape ({dim},); got {imm.shape}{hint}.")
-    return imm, dense
 
 
 def _round_buffers(parts: _Parts, positions, tuner_state, box, rng_key) -> dict:
@@ -819,136 +443,3 @@ def _scan_steps(step_fn, state, keys):
         state, info = step_fn(key, state)
         return state, (state.position, info)
     return jax.lax.scan(body, state, keys)
-
-def _check_finite(logdensity, grad):
-    """Raise a ValueError now if the initial log density is not finite (when values are concrete)."""
-    if isinstance(logdensity, jax.core.Tracer):
-        return
-    values = to_host(logdensity)
-    grad_ok = np.all(np.stack([np.all(np.isfinite(to_host(g)).reshape(values.shape[0], -1), axis=1)
-                               for g in jax.tree.leaves(grad)]), axis=0)
-    bad = np.flatnonzero(~np.isfinite(values) | ~grad_ok)
-    if bad.size:
-        raise ValueError(
-            f"The log density (or its gradient) is not finite at the initial position of chain(s) "
-            f"{bad.tolist()}: log density {values[bad].tolist()}. Start the chains inside the "
-            "support (for constrained parameters, sample an unconstrained transform)."
-        )
-
-
-def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000, *, build=None, **options):
-    """Warm up and sample with infinite adaptation: ``(samples, info, final EngineState)``.
-
-    ``samples`` has leading axes ``(chains, num_samples)``; ``info`` fields have shape
-    ``(num_warmup + num_samples, chains)``, warm-up first.  ``build`` makes the engine
-    (default :func:`build_engine`; the RMHMC entry point passes its own).  The public
-    entry point is :func:`ahmc.adapters.blackjax.run_chains` (``metric=`` for RMHMC).
-    """
-    build = build or build_engine
-    engine = _engine_for(build, logdensity_fn, num_warmup, options)
-    if build is build_engine and engine.scan_draws is not None:
-        # The plain engine: the whole run is one compiled program (initial state, warm-up, draws), which
-        # compiles in about two thirds of the time of the two phases apart and skips the eager
-        # initialisation; a start outside the support is still refused before it (cheap compile).
-        _check_finite(*_start_density(logdensity_fn, positions, *_chain_data(options)))
-        # Short runs scan ``step`` for the draws too: one traced iteration compiles faster (eight schools
-        # 6.3 -> 5.3 s) than ``scan_draws``' cheaper loop saves at run time; long runs take that loop.
-        draws = engine.scan_draws if num_samples >= SEGMENTED_MIN_SAMPLES else None
-        return _whole_run_jit(engine.init, engine.step, draws, rng_key, positions, num_warmup, num_samples)
-    init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
-    state = engine.init(positions, init_key)
-    state, warm_info = _scan(engine.step, warm_key, state, num_warmup, keep_positions=False)
-    state, (draws, sample_info) = _scan_draws(engine, sample_key, state, num_samples, num_warmup)
-    info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
-    samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), draws)
-    return samples, info, state
-
-
-#: From this many draws per chain on, ``run_chains`` samples with ``scan_draws`` (segmented rounds, no warm-up
-#: code in the loop), below it with the warm-up's own ``step``: the same draws; the specialised loop costs
-#: about a second more to compile and saves 0.03-0.07 s per 1000 draws on the quick models (eight schools,
-#: Pima; docs/decisions.md, "One traced step for short runs").
-SEGMENTED_MIN_SAMPLES = 5000
-
-
-def _whole_run(init, step, scan_draws, rng_key, positions, num_warmup, num_samples):
-    """What :func:`sample` returns, with the same keys and draws, as one traced function (``scan_draws=None``:
-    the draws too are a scan of ``step``)."""
-    init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
-    state = init(positions, init_key)
-    state, warm_info = _scan_impl(step, warm_key, state, num_warmup, False)
-    if scan_draws is None:
-        state, (draws, sample_info) = _scan_impl(step, sample_key, state, num_samples, True)
-    else:
-        state, (draws, sample_info) = scan_draws(sample_key, state, num_samples, num_warmup)
-    info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
-    samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), draws)
-    return samples, info, state
-
-
-_whole_run_jit = jax.jit(_whole_run, static_argnums=(0, 1, 2, 5, 6))
-_start_density = jax.jit(lambda fn, positions, *data: jax.vmap(jax.value_and_grad(fn))(positions, *data),
-                         static_argnums=0)
-
-
-def _chain_data(options) -> tuple:
-    data = options.get("chain_data")
-    return () if data is None else (data,)
-
-
-_ENGINES: dict = {}
-_MAX_ENGINES = 16
-
-
-def _frozen(value):
-    """A hashable stand-in for an option value (TypeError for arrays, whose equality is not a bool)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
-    if isinstance(value, (np.ndarray, jax.Array)):
-        raise TypeError("arrays are not cached")
-    hash(value)
-    return value
-
-
-def _engine_for(build, logdensity_fn, num_warmup, options):
-    """The engine for these arguments, reused across calls: its step functions are the jitted loops' static
-    arguments, so a second ``run_chains`` with the same log density and options compiles nothing anew.
-    Options holding arrays are built afresh (no cache)."""
-    try:
-        key = (build, logdensity_fn, int(num_warmup), _frozen(options))
-    except TypeError:
-        return build(logdensity_fn, num_warmup=num_warmup, **options)
-    if key not in _ENGINES:
-        if len(_ENGINES) >= _MAX_ENGINES:
-            _ENGINES.pop(next(iter(_ENGINES)))
-        _ENGINES[key] = build(logdensity_fn, num_warmup=num_warmup, **options)
-    return _ENGINES[key]
-
-
-def _scan_draws(engine, rng_key, state, num_samples, first_iteration):
-    """The draws after warm-up, compiled: ``engine.scan_draws`` when the engine has one."""
-    if engine.scan_draws is None:
-        return _scan(engine.step, rng_key, state, num_samples, True)
-    return _scan_draws_jit(engine.scan_draws, rng_key, state, num_samples, first_iteration)
-
-
-_scan_draws_jit = jax.jit(lambda scan_draws, key, state, n, first: scan_draws(key, state, n, first),
-                          static_argnums=(0, 3, 4))
-
-
-def _scan(step, rng_key, state, num_steps, keep_positions):
-    return _scan_jit(step, rng_key, state, num_steps, keep_positions)
-
-
-def _scan_impl(step, rng_key, state, num_steps, keep_positions):
-    def body(state, key):
-        state, info = step(key, state)
-        return state, ((state.position, info) if keep_positions else info)
-
-    keys = jax.random.split(rng_key, num_steps)
-    return jax.lax.scan(body, state, keys)
-
-
-_scan_jit = jax.jit(_scan_impl, static_argnums=(0, 3, 4))

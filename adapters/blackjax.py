@@ -83,8 +83,9 @@ from ahmc.core.config import PAPER_SETTINGS
 from ahmc.core.snapshot import TuningSnapshot
 from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
-from ._jax_engine import EngineInfo, EngineState, SearchBox, _scan, build_engine
-from ._jax_engine import sample as _sample
+from ._jax_engine import EngineInfo, EngineState, SearchBox, build_engine
+from ._jax_run import _scan
+from ._jax_run import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
 from ._jax_sharding import mesh_context, nested_rhat, shard_chains, superchain_positions
 from ._jax_snapshot import engine_snapshot, prepare_warm_start

@@ -51,7 +51,7 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
     import jax
     import jax.numpy as jnp
 
-    from ahmc.adapters import _jax_engine
+    from ahmc.adapters import _jax_engine, _jax_run
     from ahmc.adapters.blackjax import uniform_steps_hmc
 
     from . import models as bench_models
@@ -60,7 +60,7 @@ def measure(model, num_chains=4, num_warmup=1000, num_iterations=1000, repeats=2
     engine = _jax_engine.build_engine(model.logdensity_fn, num_warmup=num_warmup, dense_mass=dense_mass,
                                       jump_estimate=jump_estimate, pooled=pooled)
     init_key, warm_key, draw_key, bare_key = jax.random.split(jax.random.key(seed), 4)
-    scan = jax.jit(_jax_engine._scan_impl, static_argnums=(0, 3, 4))
+    scan = jax.jit(_jax_run._scan_impl, static_argnums=(0, 3, 4))
     state = engine.init(positions, init_key)
     state, _ = jax.block_until_ready(scan.lower(engine.step, warm_key, state, num_warmup, False).compile()(
         warm_key, state))

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ahmc.adapters._jax_engine import _scan, build_engine, sample
+from ahmc.adapters._jax_engine import build_engine
+from ahmc.adapters._jax_run import _scan, sample
 from ahmc.adapters._jax_rmhmc import build_rmhmc_engine
 
 SD = jnp.array([0.1, 1.0, 3.0])

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import copy
-import logging
 import math
-import pickle
 import warnings
-import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -18,24 +14,16 @@ from .._extras import require
 
 require("pymc", "pymc")
 import pytensor  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-from pymc.blocking import RaveledVars  # noqa: E402
 from pymc.model import modelcontext  # noqa: E402
-from pymc.pytensorf import compile as compile_pytensor  # noqa: E402
-from pymc.pytensorf import join_nonshared_inputs, rewrite_pregrad  # noqa: E402
 from pymc.stats.convergence import SamplerWarning, WarningType  # noqa: E402
-from pymc.step_methods.arraystep import PopulationArrayStepShared  # noqa: E402
 from pymc.step_methods.compound import Competence  # noqa: E402
 from pymc.step_methods.hmc import integration  # noqa: E402
 from pymc.step_methods.hmc.base_hmc import BaseHMC, BaseHMCState, DivergenceInfo, HMCStepData  # noqa: E402
-from pymc.step_methods.hmc.hmc import HamiltonianMC  # noqa: E402
 from pymc.step_methods.hmc.integration import IntegrationError, State  # noqa: E402
 from pymc.step_methods.hmc.quadpotential import (  # noqa: E402
-    QuadPotential,
     QuadPotentialDiag,
     QuadPotentialDiagAdapt,
     QuadPotentialDiagAdaptState,
-    QuadPotentialFull,
     QuadPotentialFullAdapt,
     QuadPotentialFullAdaptState,
     WeightedVarianceState,
@@ -45,27 +33,21 @@ from pymc.step_methods.state import dataclass_state  # noqa: E402
 from pymc.step_methods.step_sizes import DualAverageAdaptation  # noqa: E402
 from pymc.util import get_value_vars_from_user_vars  # noqa: E402
 from pymc.vartypes import discrete_types  # noqa: E402
-from pytensor.gradient import jacobian  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 from ahmc.core.options import check_option_names, whole_number_pair  # noqa: E402
-from ahmc.core.objectives import (DEFAULT_DIVERGENCE_PENALTY, NONFINITE_REWARD_MESSAGE, get_objective,
+from ahmc.core.objectives import (NONFINITE_REWARD_MESSAGE, get_objective,
                                   needs_center, round_arrays, round_init, round_update, step_jumps_estimate,
                                   step_jumps_init, step_jumps_update)
 from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, fisher_diagonal, prefers_dense,
                                    rescale_diagonal, rescue_unexplored, resolve_metric_recipe, shrink_correlations)
-from ahmc.core.space import (NUM_STEPS_CAP, RMHMC_NUM_STEPS_CAP, WARMUP_MAX_STEPS, check_min_steps_fraction,
-                             min_num_steps)
+from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction, min_num_steps
 from ahmc.core.tuner import adapt_probability
 from ahmc.core.schedule import automatic_box, plan_warmup, stan_schedule, steps_for
 from ahmc.core import Config, gp_ucb, search_space
 from ahmc.core.config import GPConfig, resolve_options
 
-from .. import _riemann
 from ._warm import WarmStartMixin
-from .._pymc_fisher import assemble_fisher, fisher_parts, flatten_parts, unflatten_parts
-from .._riemann import Geometry, NotPositiveDefiniteError
-from ..diagnostics import PYMC_HMC_DEFAULTS
 
 #: Metrics read off the model's variables (``_pymc_fisher``): its expected Fisher information, or the diagonal.
 MODEL_METRICS = ("fisher", "diagonal_fisher")
@@ -77,7 +59,7 @@ MODEL_METRICS = ("fisher", "diagonal_fisher")
 DENSE_METRIC_FRACTION = 0.9
 
 
-__all__ = ["AdaptiveHMC", "AdaptiveRMHMC", "STATS", "RMHMC_STATS", "constant_metric", "fisher_logistic_metric"]
+__all__ = ["AdaptiveHMC", "STATS"]
 
 
 #: (name, dtype, shape, meaning): the single source of ``AdaptiveHMC.stats_dtypes_shapes``.

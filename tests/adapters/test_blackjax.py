@@ -87,7 +87,7 @@ def test_correlated_gaussian_2d():
 def test_dense_mass_whitens_a_correlated_gaussian(objective):
     """dense_mass=True: the warm-up learns the full covariance, so a posterior with correlations up to
     0.99 and scales from 0.1 to 10 is sampled with a whitened-scale step size; draws agree with the truth."""
-    from ahmc.adapters import _jax_engine
+    from ahmc.adapters import _jax_run
 
     rng = np.random.default_rng(7)
     correlation = 0.99 ** np.abs(np.subtract.outer(np.arange(5), np.arange(5)))
@@ -100,7 +100,7 @@ def test_dense_mass_whitens_a_correlated_gaussian(objective):
         centred = x - mean
         return -0.5 * centred @ precision @ centred
 
-    samples, info, state = _jax_engine.sample(jax.random.key(60), logdensity, initial_positions(61, 5), 1000,
+    samples, info, state = _jax_run.sample(jax.random.key(60), logdensity, initial_positions(61, 5), 1000,
                                               2000, dense_mass=True, objective=objective)
     assert_moments_match(np.asarray(samples), mean, scales)
     learned = np.asarray(state.inverse_mass_matrix)
@@ -151,7 +151,7 @@ def test_dense_mass_auto_keeps_the_dense_matrix_only_for_correlated_posteriors()
     """dense_mass="auto": a posterior with correlations 0.9^|i-j| keeps the dense estimate; independent
     coordinates of very different scales get its diagonal (held as a (d, d) matrix). Draws agree with the
     truth either way."""
-    from ahmc.adapters import _jax_engine
+    from ahmc.adapters import _jax_run
 
     dim = 5
     scales = np.logspace(-1, 1, dim)
@@ -159,7 +159,7 @@ def test_dense_mass_auto_keeps_the_dense_matrix_only_for_correlated_posteriors()
     for name, covariance, seed in (("correlated", correlation * np.outer(scales, scales), 64),
                                    ("independent", np.diag(scales**2), 66)):
         precision = jnp.asarray(np.linalg.inv(covariance))
-        samples, _, state = _jax_engine.sample(jax.random.key(seed), lambda x, p=precision: -0.5 * x @ p @ x,
+        samples, _, state = _jax_run.sample(jax.random.key(seed), lambda x, p=precision: -0.5 * x @ p @ x,
                                                initial_positions(seed + 1, dim), 1000, 1000, dense_mass="auto")
         assert_moments_match(np.asarray(samples), np.zeros(dim), scales)
         learned = np.asarray(state.inverse_mass_matrix)
@@ -267,14 +267,14 @@ def test_min_steps_fraction_reaches_the_sampling_kernel_and_is_checked():
 def test_esjd_moments_measures_squares_about_the_window_mean_and_samples_the_target():
     """objective="esjd_moments": the squares are centred on the last mass-matrix window's mean (near the
     true mean after warm-up), every round's reward is finite, and the draws agree with the target."""
-    from ahmc.adapters import _jax_engine
+    from ahmc.adapters import _jax_run
 
     means, scales = jnp.linspace(-20.0, 20.0, 6), jnp.asarray(np.logspace(-1, 1, 6))
 
     def logdensity(x):
         return -0.5 * jnp.sum(((x - means) / scales) ** 2)
 
-    samples, info, state = _jax_engine.sample(jax.random.key(47), logdensity, initial_positions(48, 6), 1000,
+    samples, info, state = _jax_run.sample(jax.random.key(47), logdensity, initial_positions(48, 6), 1000,
                                               2000, objective="esjd_moments")
     assert_moments_match(np.asarray(samples), np.asarray(means), np.asarray(scales))
     # The window mean is an estimate from a few hundred pooled draws: within a few sd of the truth.

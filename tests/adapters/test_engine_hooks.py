@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ahmc.adapters._jax_engine import _scan, build_engine
+from ahmc.adapters._jax_engine import build_engine
+from ahmc.adapters._jax_run import _scan
 
 from ..reference import assert_moments_match
 
@@ -168,19 +169,19 @@ def test_run_chains_one_program_draws_what_the_two_phases_draw():
     import jax
     import jax.numpy as jnp
 
-    from ahmc.adapters import _jax_engine
+    from ahmc.adapters import _jax_engine, _jax_run
 
     def logdensity(x):
         return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0])) ** 2)
 
     positions = jnp.array([[0.5, -1.0], [1.0, 2.0], [-0.3, 0.1]])
     key = jax.random.key(11)
-    samples, info, _ = _jax_engine.sample(key, logdensity, positions, 60, 40)
+    samples, info, _ = _jax_run.sample(key, logdensity, positions, 60, 40)
     engine = _jax_engine.build_engine(logdensity, num_warmup=60)
     init_key, warm_key, sample_key = jax.random.split(key, 3)
     state = engine.init(positions, init_key)
-    state, warm_info = _jax_engine._scan(engine.step, warm_key, state, 60, False)
-    state, (draws, sample_info) = _jax_engine._scan_draws(engine, sample_key, state, 40, 60)
+    state, warm_info = _jax_run._scan(engine.step, warm_key, state, 60, False)
+    state, (draws, sample_info) = _jax_run._scan_draws(engine, sample_key, state, 40, 60)
     np.testing.assert_allclose(np.asarray(samples), np.swapaxes(np.asarray(draws), 0, 1), rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(np.asarray(info.num_integration_steps),
                                   np.concatenate([np.asarray(warm_info.num_integration_steps),

@@ -236,7 +236,7 @@ def test_numpyro_a_mismatched_snapshot_warns_and_the_run_is_still_right(numpyro_
 def test_numpyro_warm_start_bad_input(numpyro_fit):
     from numpyro.infer import MCMC, NUTS
 
-    from ahmc.adapters.numpyro import AdaptiveHMC, AdaptiveRMHMC, tuning_snapshot
+    from ahmc.adapters.numpyro import AdaptiveHMC, tuning_snapshot
 
     model, mcmc = numpyro_fit
     with pytest.raises(ValueError, match="no such file"):

@@ -71,7 +71,9 @@ def test_pymc_typo_fails_before_compiling(monkeypatch):
     def no_compile(*args, **kwargs):
         raise AssertionError("compiled before checking the options")
 
-    monkeypatch.setattr(ahmc_pymc._step, "compile_pytensor", no_compile)
+    import pymc.model.core
+
+    monkeypatch.setattr(pymc.model.core, "compile", no_compile)  # the step's log density and gradient
     with pytest.raises(ValueError, match="did you mean 'step_size_bounds'"):
         pymc_step(ahmc_pymc.AdaptiveHMC)(step_size_bound=(0.1, 1.0))
 

@@ -148,23 +148,23 @@ def test_bad_positions_get_clear_errors(positions, match):
 def test_run_chains_compiles_once_per_shape_and_puts_chains_first():
     """One compiled program per engine and shape: the second call compiles nothing (and draws the same);
     info's fields have the samples' axis order, (chains, iterations)."""
-    from ahmc.adapters import _jax_engine
+    from ahmc.adapters import _jax_run
 
     def fresh(x):  # a log density no other test compiled
         return ill_scaled_3(x)
 
     positions = jnp.zeros((NUM_CHAINS, 3)) + 0.1
-    before = _jax_engine._whole_run_jit._cache_size()
+    before = _jax_run._whole_run_jit._cache_size()
     first, info = run_chains(jax.random.key(0), fresh, positions, 60, 20)
-    assert _jax_engine._whole_run_jit._cache_size() == before + 1
+    assert _jax_run._whole_run_jit._cache_size() == before + 1
     again, _ = run_chains(jax.random.key(0), fresh, positions, 60, 20)
-    assert _jax_engine._whole_run_jit._cache_size() == before + 1
+    assert _jax_run._whole_run_jit._cache_size() == before + 1
     np.testing.assert_array_equal(np.asarray(first), np.asarray(again))  # same key, same draws
     assert np.shape(first)[:2] == (NUM_CHAINS, 20)
     assert all(np.shape(field) == (NUM_CHAINS, 80) for field in info)
     assert not np.asarray(info.is_warmup)[:, 60:].any() and np.asarray(info.is_warmup)[:, :60].all()
     run_chains(jax.random.key(0), fresh, jnp.zeros((NUM_CHAINS + 1, 3)) + 0.1, 60, 20)  # a new shape
-    assert _jax_engine._whole_run_jit._cache_size() == before + 2
+    assert _jax_run._whole_run_jit._cache_size() == before + 2
 
 
 def ill_scaled_3(x):
