@@ -61,6 +61,7 @@ drawn per chain; requires the two bounds).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -84,7 +85,7 @@ from ahmc.core.snapshot import TuningSnapshot
 from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, build_engine
-from ._jax_run import _scan
+from ._jax_run import _scan, compiled_init
 from ._jax_run import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
 from ._jax_sharding import mesh_context, nested_rhat, shard_chains, superchain_positions
@@ -244,12 +245,21 @@ def gpucb_adaptation(logdensity_fn: Callable, *, metric: Any = None, paper_prese
         engine = build(logdensity_fn, num_warmup=num_steps, **run_options)
         init_key, run_key, generator_key = jax.random.split(rng_key, 3)
         with mesh_context(positions, name):  # sharded chains stay sharded
-            state = engine.init(positions, init_key)
+            state = _start(build, engine, logdensity_fn, positions, init_key, run_options)
             state, info = _scan(engine.step, run_key, state, num_steps, False)
         results = AdaptationResults(*_kernel_start(engine, state, metric, generator_key))
         return results, GPUCBAdaptationInfo(info, state.box, state.tuner, state)
 
     return AdaptationAlgorithm(run)
+
+
+def _start(build, engine, logdensity_fn, positions, rng_key, options) -> EngineState:
+    """The engine's initial state: compiled as one program for plain HMC (:func:`compiled_init`), op by op
+    for RMHMC, whose metric checks at the start need concrete values."""
+    if build is not build_engine:
+        return engine.init(positions, rng_key)
+    data = () if options.get("chain_data") is None else (options["chain_data"],)
+    return compiled_init(engine, logdensity_fn, positions, rng_key, data)
 
 
 def _kernel_start(engine, state: EngineState, metric, generator_key) -> tuple:
@@ -375,7 +385,8 @@ def pooled_adaptive_hmc(
     num_chains = _check_num_chains(num_chains)
     build, options = _builder(metric, {**options, "paper_preset": paper_preset}, "pooled_adaptive_hmc")
     engine = build(logdensity_fn, num_warmup=num_warmup, **options)
-    return _many_chains(engine, logdensity_fn, num_chains, "pooled_adaptive_hmc")
+    return _many_chains(engine, logdensity_fn, num_chains, "pooled_adaptive_hmc",
+                        partial(_start, build, engine, logdensity_fn, options=options))
 
 
 def _check_num_chains(num_chains) -> int:
@@ -385,10 +396,10 @@ def _check_num_chains(num_chains) -> int:
     return int(num_chains)
 
 
-def _many_chains(engine, logdensity_fn, num_chains, name) -> SamplingAlgorithm:
+def _many_chains(engine, logdensity_fn, num_chains, name, start) -> SamplingAlgorithm:
     def init(positions, rng_key=None):
         check_chain_batch(logdensity_fn, positions, name, num_chains=num_chains)
-        return engine.init(positions, rng_key)
+        return start(positions, jax.random.key(0) if rng_key is None else rng_key)
 
     return SamplingAlgorithm(init, engine.step)
 

@@ -29,6 +29,7 @@ from numpyro.infer.util import initialize_model  # noqa: E402
 from numpyro.util import identity, is_prng_key  # noqa: E402
 
 from ._jax_engine import EngineState, build_engine  # noqa: E402
+from ._jax_run import compiled_init  # noqa: E402
 from ._jax_snapshot import engine_snapshot, load_snapshot, prepare_warm_start  # noqa: E402
 from ._jax_sharding import chain_mesh, set_mesh, shard_chains, traced_mesh_context  # noqa: E402
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
@@ -244,6 +245,13 @@ class AdaptiveHMC(MCMCKernel):
         """``(kernel, metric name)`` of the warm-start check: BlackJAX's HMC kernel, no metric."""
         return None, ""
 
+    def _init_engine(self, engine, positions, rng_key, model_args, model_kwargs):
+        """The engine's initial state: vectorized chains compile it as one program (:func:`compiled_init`);
+        sequential chains each build their own engine, so op by op, whose small programs the next chain reuses."""
+        if not self._vectorized:
+            return engine.init(positions, rng_key)
+        return compiled_init(engine, self._logdensity_fn(model_args, model_kwargs), positions, rng_key)
+
     @staticmethod
     def _build_engine(logdensity_fn, **options):
         return build_engine(logdensity_fn, **options)
@@ -307,7 +315,7 @@ class AdaptiveHMC(MCMCKernel):
         self._mesh = chain_mesh(positions, type(self).__name__) if self._vectorized else None
         engine = self._engine(model_args, model_kwargs)
         with set_mesh(self._mesh):
-            engine_state = engine.init(positions, engine_key)
+            engine_state = self._init_engine(engine, positions, engine_key, model_args, model_kwargs)
         self._sample_fn = self._sample
         batch = engine_state.logdensity.shape
         nan = jnp.full(batch, jnp.nan, engine_state.logdensity.dtype)
@@ -477,6 +485,10 @@ class AdaptiveRMHMC(AdaptiveHMC):
         with jax.ensure_compile_time_eval():
             return build_rmhmc_engine(self._logdensity_fn(model_args, model_kwargs), num_warmup=self._num_warmup,
                                       **{**self._run_options, "metric": fisher})
+
+    def _init_engine(self, engine, positions, rng_key, model_args, model_kwargs):
+        # Op by op: the metric's checks at the start need concrete values.
+        return engine.init(positions, rng_key)
 
     def _check_kernel(self, model_args, model_kwargs):
         """The run's RMHMC transition, and its metric's name (the snapshot's must be the same)."""
