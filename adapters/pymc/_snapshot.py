@@ -111,7 +111,14 @@ def _step_snapshot(tree, model, metric=None) -> TuningSnapshot:
     pooled = flat.reshape(-1, flat.shape[-1])
     dense = bool(np.asarray(stats["dense_mass_matrix"])[0, -1])
     riemannian = "fixed_point_converged" in stats
-    name = ("softabs" if metric is None else metric_name(metric)) if riemannian else ""
+    if riemannian and metric is None:
+        raise ValueError("tuning_snapshot: this DataTree is an AdaptiveRMHMC run; give its metric, as given to "
+                         "the step (metric='softabs' for the default), e.g. tuning_snapshot(idata, "
+                         "metric='fisher'): the snapshot's step sizes are in that metric's units.")
+    if metric is not None and not riemannian:
+        raise ValueError("tuning_snapshot: metric= applies to an AdaptiveRMHMC run's DataTree; this one is "
+                         "AdaptiveHMC's (a mass matrix). Drop metric=.")
+    name = metric_name(metric) if riemannian else ""
     if riemannian:
         imm = np.ones(flat.shape[-1])  # G(x) is recomputed on the new posterior
     else:
@@ -130,8 +137,9 @@ def tuning_snapshot(tree, model=None, *, metric=None) -> TuningSnapshot:
     ``tree``: the DataTree of ``pm.sample(step=AdaptiveHMC())`` (then ``model``, or the model context,
     maps its draws to the unconstrained coordinates: the mass matrix is their variance, chain 0's rounds
     are the GP's evidence) or of ``sample_numpyro_ahmc`` (its ``ahmc_tuning_snapshot`` attribute).
-    For an ``AdaptiveRMHMC(metric=...)`` run give the same ``metric`` (``None``: SoftAbs): its step sizes
-    are in that metric's units, and a refit with another metric falls back to the cold warm-up.
+    For an ``AdaptiveRMHMC(metric=...)`` run give the same ``metric`` (``"softabs"`` for the default; required
+    there): its step sizes are in that metric's units, and a refit with another metric falls back to the
+    cold warm-up.
     """
     text = getattr(tree, "attrs", {}).get(SNAPSHOT_ATTR)
     if text is not None:

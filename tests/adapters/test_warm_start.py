@@ -465,6 +465,8 @@ def test_pymc_rmhmc_refits_from_its_snapshot(pymc_fit):
     pm = pymc_fit[0]
     with pymc_model(pm, RM_SCALES) as model:
         idata = pymc_sample(pm, model, AdaptiveRMHMC(metric="diagonal_fisher"), tune=400, draws=200, cores=1)
+        with pytest.raises(ValueError, match="an AdaptiveRMHMC run; give its metric"):
+            tuning_snapshot(idata)  # a name taken by default would be wrong in silence for any other metric
         snapshot = tuning_snapshot(idata, metric="diagonal_fisher")
     assert snapshot.metric == "diagonal_fisher" and np.all(snapshot.inverse_mass_matrix == 1.0)
     with pymc_model(pm, 3 * RM_SCALES) as model, warnings.catch_warnings():
@@ -493,6 +495,8 @@ def test_pymc_step_warm_start_bad_input(pymc_fit):
             AdaptiveHMC(warm_start="missing.json")
         with pytest.raises(ValueError, match="no AdaptiveHMC stats"):
             tuning_snapshot(idata["posterior"])
+        with pytest.raises(ValueError, match="metric= applies to an AdaptiveRMHMC run"):
+            tuning_snapshot(idata, metric="softabs")
         with pytest.warns(WarmStartWarning, match="tune=80 leaves no room"):
             pm.sample(step=AdaptiveHMC(warm_start=snapshot), tune=80, draws=20, chains=1, progressbar=False,
                       compute_convergence_checks=False)
