@@ -294,7 +294,7 @@ def _chain_axis_mask(engine, position):
     return jax.tree.map(lambda a, b: a.shape != b.shape, one, two)
 
 
-def _one_chain(engine) -> SamplingAlgorithm:
+def _one_chain(engine, start) -> SamplingAlgorithm:
     """BlackJAX's kernel convention on top of the many-chain engine: one chain's state, ``jax.vmap``-able.
 
     The state is the engine's with its chain axis (of size one) removed, so ``state.position`` is the
@@ -306,7 +306,7 @@ def _one_chain(engine) -> SamplingAlgorithm:
         if not leaves:
             raise ValueError("position is an empty pytree: adaptive_hmc needs at least one coordinate.")
         mask = _chain_axis_mask(engine, position)
-        state = engine.init(_stack_chains(position, 1), rng_key)
+        state = start(_stack_chains(position, 1), rng_key)
         return jax.tree.map(lambda x, m: x[0] if m else x, state, mask)
 
     def step(rng_key, state: EngineState):
@@ -363,7 +363,8 @@ def adaptive_hmc(
     build, options = _builder(metric, options, "adaptive_hmc")
     if metric is not None:
         options.setdefault("sequential_chains", False)  # one chain: nothing to run one after another
-    return _one_chain(build(logdensity_fn, num_warmup=num_warmup, **options))
+    engine = build(logdensity_fn, num_warmup=num_warmup, **options)
+    return _one_chain(engine, partial(_start, build, engine, logdensity_fn, options=options))
 
 
 def pooled_adaptive_hmc(

@@ -180,3 +180,19 @@ def test_the_public_surface_is_small_and_has_no_twins():
     own = [name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
            and getattr(value, "__module__", "") == module.__name__]
     assert "run_chains" in own and not [name for name in own + module.__all__ if "rmhmc" in name.lower()]
+
+
+def test_compiled_initial_states_still_refuse_a_start_outside_the_support():
+    """The initial state compiles as one program; the start's density is checked before it, as op by op."""
+
+    def logdensity(x):
+        return jnp.sum(jnp.log(x))
+
+    outside = jnp.array([[1.0, 1.0], [-1.0, 1.0]])
+    match = r"not finite at the initial position of chain\(s\) \[1\]"
+    with pytest.raises(ValueError, match=match):
+        pooled_adaptive_hmc(logdensity, 2).init(outside, jax.random.key(0))
+    with pytest.raises(ValueError, match=match):
+        gpucb_adaptation(logdensity).run(jax.random.key(0), outside, 10)
+    with pytest.raises(ValueError, match=r"chain\(s\) \[0\]"):
+        adaptive_hmc(logdensity).init(outside[1], jax.random.key(0))
