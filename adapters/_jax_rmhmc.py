@@ -62,7 +62,6 @@ from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 from ahmc.core import Config
 from ahmc.core.config import resolve_options
 from ahmc.core.options import check_option_names
-from ahmc.core.snapshot import metric_name
 from ahmc.core.space import RMHMC_NUM_STEPS_CAP
 
 from ._jax_engine import build_engine
@@ -284,14 +283,15 @@ def transition_kernel(
                               divergence_threshold=divergence_threshold)
 
 
-def check_kernel(metric, options: dict) -> tuple[Callable, str]:
-    """``(transition kernel, metric name)`` for a warm start's check of an RMHMC run with these options."""
-    kernel = transition_kernel(
-        metric, softabs_alpha=options.get("softabs_alpha", DEFAULT_SOFTABS_ALPHA),
-        fixed_point_tolerance=options.get("fixed_point_tolerance"),
-        max_fixed_point_iterations=options.get("max_fixed_point_iterations", DEFAULT_MAX_FIXED_POINT_ITERATIONS),
-        divergence_threshold=options.get("divergence_threshold", 1000.0))
-    return kernel, metric_name(metric)
+#: The Riemannian kernel's own knobs (they need ``metric=``).
+RMHMC_KNOBS = ("softabs_alpha", "fixed_point_tolerance", "max_fixed_point_iterations")
+
+
+def kernel_for(metric, options: dict) -> Callable:
+    """The transition for ``metric`` with a run's options (its knobs, ``divergence_threshold``, ``integrator``):
+    the run's engine and a warm start's check use the same one."""
+    names = RMHMC_KNOBS + ("divergence_threshold", "integrator")
+    return transition_kernel(metric, **{name: options[name] for name in names if name in options})
 
 
 def check_initial_metric(metric, positions) -> None:
@@ -361,10 +361,10 @@ def build_rmhmc_engine(
         # so they stay vmap-ed.
         options.setdefault("sequential_chains", isinstance(metric, str) and metric == "softabs")
     options.setdefault("max_integration_time", default_max_integration_time(metric))
-    kernel = transition_kernel(
-        metric, softabs_alpha=softabs_alpha, fixed_point_tolerance=fixed_point_tolerance,
-        max_fixed_point_iterations=max_fixed_point_iterations,
-        divergence_threshold=options.get("divergence_threshold", 1000.0), integrator=options.pop("integrator", None))
+    kernel = kernel_for(metric, {**options, "softabs_alpha": softabs_alpha,
+                                 "fixed_point_tolerance": fixed_point_tolerance,
+                                 "max_fixed_point_iterations": max_fixed_point_iterations})
+    options.pop("integrator", None)
     engine = build_engine(logdensity_fn, num_warmup=num_warmup, adapt_mass_matrix=False, kernel=kernel, **options)
     base_init = engine.init
 

@@ -29,7 +29,7 @@ def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000,
         # The plain engine: the whole run is one compiled program (initial state, warm-up, draws), which
         # compiles in about two thirds of the time of the two phases apart and skips the eager
         # initialisation; a start outside the support is still refused before it (cheap compile).
-        _check_finite(*_start_density(logdensity_fn, positions, *_chain_data(options)))
+        _check_start(logdensity_fn, positions, _chain_data(options))
         # Short runs scan ``step`` for the draws too: one traced iteration compiles faster (eight schools
         # 6.3 -> 5.3 s) than ``scan_draws``' cheaper loop saves at run time; long runs take that loop.
         draws = engine.scan_draws if num_samples >= SEGMENTED_MIN_SAMPLES else None
@@ -76,8 +76,13 @@ def compiled_init(engine, logdensity_fn, positions, rng_key, data=()):
     few tenths.  Under a trace (NumPyro's ``parallel`` chains) the check is left to the engine.  ``data``:
     the engine's ``chain_data``, as a 1-tuple (empty without)."""
     if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((positions, rng_key))):
-        _check_finite(*_start_density(logdensity_fn, positions, *data))
+        _check_start(logdensity_fn, positions, data)
     return _init_jit(engine.init, positions, rng_key)
+
+
+def _check_start(logdensity_fn, positions, data=()):
+    """Refuse a start outside the support before the run's program compiles (a cheap program of its own)."""
+    _check_finite(*_start_density(logdensity_fn, positions, *data))
 
 
 _init_jit = jax.jit(lambda init, positions, rng_key: init(positions, rng_key), static_argnums=0)

@@ -62,9 +62,9 @@ def engine_snapshot(state, step_size, num_steps, *, options=None, source: str = 
 
     flat = jax.vmap(lambda p: ravel_pytree(p)[0])(state.position)
     da = state.step_size_adaptation
-    imm = np.asarray(state.inverse_mass_matrix, float)
     return TuningSnapshot(
-        inverse_mass_matrix=np.ones(flat.shape[-1]) if metric else imm, metric=metric,
+        inverse_mass_matrix=np.ones(flat.shape[-1]) if metric else np.asarray(state.inverse_mass_matrix, float),
+        metric=metric,
         step_size=float(np.exp(np.asarray(da.log_step_size_avg))),
         step_size_bounds=tuple(np.asarray(state.box.step_size, float).tolist()),
         num_steps_bounds=tuple(np.asarray(state.box.num_steps).tolist()),

@@ -81,16 +81,16 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 from ahmc.core import TunerState
 from ahmc.core.config import PAPER_SETTINGS
-from ahmc.core.snapshot import TuningSnapshot
+from ahmc.core.snapshot import TuningSnapshot, metric_name
 from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, build_engine
-from ._jax_run import _scan, compiled_init
+from ._jax_run import _chain_data, _scan, compiled_init
 from ._jax_run import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
 from ._jax_sharding import mesh_context, nested_rhat, shard_chains, superchain_positions
 from ._jax_snapshot import engine_snapshot, prepare_warm_start
-from ._jax_rmhmc import (DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMCInfo, build_rmhmc_engine, check_kernel, metric_name,
+from ._jax_rmhmc import (DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMC_KNOBS, RMHMCInfo, build_rmhmc_engine, kernel_for,
                           transition_kernel)
 
 __all__ = [
@@ -112,14 +112,10 @@ __all__ = [
 
 PAPER_PRESET = {**PAPER_SETTINGS, "shared_num_steps": False}  # Algorithm 2 as published (docs/options.md)
 
-#: Options of the Riemann-manifold kernel: they need ``metric=``.
-_RMHMC_KERNEL_OPTIONS = ("softabs_alpha", "fixed_point_tolerance", "max_fixed_point_iterations")
-
-
 def _builder(metric, options: dict, name: str):
     """``(build, options)``: the HMC engine, or with a ``metric`` the RMHMC engine and its options."""
     if metric is None:
-        given = [option for option in _RMHMC_KERNEL_OPTIONS if option in options]
+        given = [option for option in RMHMC_KNOBS if option in options]
         if given:
             raise ValueError(f"{name}: {given[0]}= applies to Riemann-manifold HMC only; pass metric='softabs' "
                              f"(or another metric) with it, or drop {given[0]}.")
@@ -258,8 +254,7 @@ def _start(build, engine, logdensity_fn, positions, rng_key, options) -> EngineS
     for RMHMC, whose metric checks at the start need concrete values."""
     if build is not build_engine:
         return engine.init(positions, rng_key)
-    data = () if options.get("chain_data") is None else (options["chain_data"],)
-    return compiled_init(engine, logdensity_fn, positions, rng_key, data)
+    return compiled_init(engine, logdensity_fn, positions, rng_key, _chain_data(options))
 
 
 def _kernel_start(engine, state: EngineState, metric, generator_key) -> tuple:
@@ -400,7 +395,7 @@ def _check_num_chains(num_chains) -> int:
 def _many_chains(engine, logdensity_fn, num_chains, name, start) -> SamplingAlgorithm:
     def init(positions, rng_key=None):
         check_chain_batch(logdensity_fn, positions, name, num_chains=num_chains)
-        return start(positions, jax.random.key(0) if rng_key is None else rng_key)
+        return start(positions, rng_key)
 
     return SamplingAlgorithm(init, engine.step)
 
@@ -554,9 +549,11 @@ def _warm_start(logdensity_fn, positions, options: dict, num_warmup: int, rng_ke
         raise ValueError(f"{name}: warm_start does not combine with chain_data; fit each data set apart.")
     check_key, rng_key = jax.random.split(rng_key)
     cold = max(int(num_warmup), COLD_NUM_WARMUP)
-    kernel, metric = check_kernel(options["metric"], options) if "metric" in options else (None, "")
+    metric = options.get("metric")
+    kernel = None if metric is None else kernel_for(metric, options)
     snapshot, positions, _ = prepare_warm_start(
-        logdensity_fn, positions, options["warm_start"], check_key, name=name, kernel=kernel, metric=metric,
+        logdensity_fn, positions, options["warm_start"], check_key, name=name, kernel=kernel,
+        metric="" if metric is None else metric_name(metric),
         fallback=f"Running the cold warm-up ({cold} iterations) instead.")
     if snapshot is None:
         return {**options, "warm_start": None}, positions, cold, rng_key

@@ -28,12 +28,14 @@ from numpyro.infer.mcmc import MCMCKernel  # noqa: E402
 from numpyro.infer.util import initialize_model  # noqa: E402
 from numpyro.util import identity, is_prng_key  # noqa: E402
 
+from ahmc.core.snapshot import metric_name  # noqa: E402
+
 from ._jax_engine import EngineState, build_engine  # noqa: E402
 from ._jax_run import compiled_init  # noqa: E402
 from ._jax_snapshot import engine_snapshot, load_snapshot, prepare_warm_start  # noqa: E402
 from ._jax_sharding import chain_mesh, set_mesh, shard_chains, traced_mesh_context  # noqa: E402
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
-from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, build_rmhmc_engine, check_kernel, metric_name  # noqa: E402
+from ._jax_rmhmc import DEFAULT_MAX_FIXED_POINT_ITERATIONS, build_rmhmc_engine, kernel_for  # noqa: E402
 from ._numpyro_fisher import fisher_from_model, model_fisher_metric  # noqa: E402
 
 __all__ = ["AdaptiveHMC", "AdaptiveHMCState", "AdaptiveRMHMC", "AdaptiveRMHMCState", "constant_metric",
@@ -131,8 +133,7 @@ class AdaptiveHMC(MCMCKernel):
         first checks it on a short run; when it fits, the warm-up starts from its mass matrix, step size,
         GP evidence and positions, so ``num_warmup`` of a few hundred does.  When it does not, a
         ``WarmStartWarning`` says why and the tuner starts cold (give ``num_warmup=1000`` then).
-        Every ``chain_method``; with ``"parallel"`` the check runs while NumPyro traces ``init`` (so not with
-        ``jit_model_args=True`` there).
+        Every ``chain_method``; with ``"parallel"`` the check runs while NumPyro traces ``init``.
 
     Examples
     --------
@@ -207,6 +208,11 @@ class AdaptiveHMC(MCMCKernel):
         rng_key, check_key = jax.random.split(rng_key)
         # Sequential chains each start from another of the snapshot's chains.
         first_row = 0 if self._vectorized else int(jax.random.randint(check_key, (), 0, 1 << 20))
+        _, positions = self._prepare_warm_start(positions, check_key, first_row, model_args, model_kwargs)
+        return positions, rng_key
+
+    def _prepare_warm_start(self, positions, check_key, first_row, model_args, model_kwargs):
+        """:func:`prepare_warm_start` for this kernel and the model's arguments; sets the engine's options."""
         kernel, metric = self._check_kernel(model_args, model_kwargs)
         snapshot, positions, _ = prepare_warm_start(
             self._logdensity_fn(model_args, model_kwargs), positions, self._warm_start, check_key,
@@ -214,7 +220,7 @@ class AdaptiveHMC(MCMCKernel):
             data_logdensity=(lambda data: self._logdensity_fn(*data), (model_args, model_kwargs)),
             fallback=f"The tuner starts cold within num_warmup={self._num_warmup} (a cold warm-up wants about 1000)")
         self._run_options = {**self._options, "warm_start": snapshot}
-        return positions, rng_key
+        return snapshot, positions
 
     def _check_warm_start_traced(self, positions, rng_key, model_args, model_kwargs):
         """``chain_method="parallel"``: NumPyro traces ``init`` once for every chain (``pmap``), so the check
@@ -222,19 +228,13 @@ class AdaptiveHMC(MCMCKernel):
         and each chain starts from the row its own traced key picks."""
         if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((model_args, model_kwargs))):
             raise ValueError("AdaptiveHMC(warm_start=...) with chain_method='parallel' checks the snapshot while "
-                             "NumPyro traces init, which needs the model's arguments concrete: drop "
-                             "jit_model_args=True, or use chain_method='vectorized'.")
+                             "NumPyro traces init, which needs the model's arguments concrete, and here they are "
+                             "traced; use chain_method='vectorized'.")
         rows = self._warm_start.positions.shape[0]
         with jax.ensure_compile_time_eval():
             stand_in = jax.tree.map(lambda x: jnp.zeros((rows,) + jnp.shape(x)[1:], jnp.result_type(x)), positions)
-            kernel, metric = self._check_kernel(model_args, model_kwargs)
-            snapshot, checked, _ = prepare_warm_start(
-                self._logdensity_fn(model_args, model_kwargs), stand_in, self._warm_start,
-                jax.random.key(PARALLEL_CHECK_SEED), name=type(self).__name__, kernel=kernel, metric=metric,
-                data_logdensity=(lambda data: self._logdensity_fn(*data), (model_args, model_kwargs)),
-                fallback=f"The tuner starts cold within num_warmup={self._num_warmup} (a cold warm-up wants "
-                         "about 1000)")
-        self._run_options = {**self._options, "warm_start": snapshot}
+            snapshot, checked = self._prepare_warm_start(stand_in, jax.random.key(PARALLEL_CHECK_SEED), 0,
+                                                         model_args, model_kwargs)
         if snapshot is None:
             return positions, rng_key
         rng_key, row_key = jax.random.split(rng_key)
@@ -492,8 +492,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
 
     def _check_kernel(self, model_args, model_kwargs):
         """The run's RMHMC transition, and its metric's name (the snapshot's must be the same)."""
-        kernel, _ = check_kernel(self._metric(model_args, model_kwargs), self._options)
-        return kernel, metric_name(self._options.get("metric"))
+        return kernel_for(self._metric(model_args, model_kwargs), self._options), metric_name(self._options["metric"])
 
     @property
     def default_fields(self):

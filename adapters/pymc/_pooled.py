@@ -236,13 +236,9 @@ class _PooledChains:
         """This chain's side of the pooled verdict; the first chain also restarts the shared adaptation."""
         self._verdict_pending = False
         first = self.this_chain == 0
-        shared = first or not self._shared_potential
-        if shared and not first:  # this chain's own mass matrix; the step size is shared
-            fits = self._pool.check_report.fits
-            self._start_potential(self._snapshot_metric() if fits else None,
-                                  q0.data if fits else np.zeros(self.potential._n))
         self._apply_verdict(self._pool.check_report, self._check_tune, q0.data,
-                            shared_adaptation=first, warn=first)
+                            restart_potential=first or not self._shared_potential, restart_step_size=first,
+                            warn=first)
 
     def astep(self, q0):
         if getattr(self, "_verdict_pending", False):

@@ -30,9 +30,6 @@ MIN_TUNE_AFTER_CHECK = 50
 class WarmStartMixin:
     """The warm-start side of :class:`AdaptiveHMC` (state: ``_snapshot``, ``_check``, ``_use_prior``)."""
 
-    #: Whether ``warm_start=`` is offered (the Riemannian step refuses it).
-    warm_start_supported = True
-
     def _init_warm_start(self, warm_start, model, value_vars, weight):
         """Check ``warm_start`` against the model (its parameters' names and sizes) before sampling."""
         self._snapshot, self._check, self._use_prior = None, None, False
@@ -40,9 +37,6 @@ class WarmStartMixin:
         if warm_start is None:
             return
         name = type(self).__name__
-        if not self.warm_start_supported:
-            raise ValueError(f"{name}: warm_start is not available here yet; use AdaptiveHMC(warm_start=...) "
-                             "(one tuner per chain) or drop warm_start.")
         if not self._adapts_metric and not self._warm_metric_name():
             raise ValueError(f"{name}(warm_start=...) starts from the snapshot's mass matrix: drop potential= "
                              "and scaling=, and keep adapt_mass_matrix=True.")
@@ -135,18 +129,19 @@ class WarmStartMixin:
         report = check_fit(self._snapshot, np.asarray(check["draws"])[None], float(np.nanmean(check["accept"])))
         self._apply_verdict(report, check["tune"], check["draws"][-1])
 
-    def _apply_verdict(self, report, tune, last_draw, shared_adaptation=True, warn=True):
-        """Start the rest of tune from the snapshot (``report.fits``) or cold.  ``shared_adaptation=False``
-        leaves the mass matrix and step size alone (a pooled run restarts its shared ones once)."""
+    def _apply_verdict(self, report, tune, last_draw, restart_potential=True, restart_step_size=True, warn=True):
+        """Start the rest of tune from the snapshot (``report.fits``) or cold.  A pooled run restarts what its
+        chains share (step size, diagonal mass matrix) once, so the other chains pass ``False`` for it."""
         self._use_prior = report.fits
         rest = tune - CHECK_ITERATIONS
         if not report.fits and warn:
             warnings.warn(f"{type(self).__name__}: warm_start not used: {report.reason}. The rest of tune "
                           f"({rest} iterations) runs cold; give tune=1000.", WarmStartWarning, stacklevel=3)
-        if shared_adaptation:
-            fits = report.fits
+        fits = report.fits
+        if restart_potential:
             self._start_potential(self._snapshot_metric() if fits else None,
                                   last_draw if fits else np.zeros(self.potential._n))
+        if restart_step_size:
             self._restart_step_size(self._snapshot.step_size if fits else self._cold_step_size)
         self._reset_chain(rest)
         if hasattr(self.potential, "set_warmup"):
