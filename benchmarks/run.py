@@ -539,7 +539,6 @@ def markdown_report(results: dict[str, Any]) -> str:
             if squares is not None and best_nuts_squares and best_nuts_squares > 0 and math.isfinite(squares):
                 ratio_squares = squares / best_nuts_squares
             sampling_s = _fmt(t["sampling_s"]) + ("*" if t.get("sampling_time_estimated") else "")
-            sampling_s += "†" if t.get("sampling_timed_by") == "aot_rerun" else ""
             lines.append(
                 f"| {r['sampler']} | {_triple(m['ess_per_grad'])} | {_fmt(ratio)} | {_fmt(squares)}, {_fmt(ratio_squares)} | "
                 f"{_fmt(m['ess_per_grad_with_warmup']['min'])} | {_fmt(m['ess_bulk']['min'], 4)} | "
@@ -565,10 +564,6 @@ def markdown_report(results: dict[str, Any]) -> str:
     if any(r.get("timing", {}).get("sampling_time_estimated") for r in results["runs"]):
         lines += ["\\* sampling time estimated: warm-up and sampling ran in one call and the time is apportioned by "
                   "gradient counts (or, for PyMC with cores > 1, by the chains' per-phase spans).", ""]
-    if any(r.get("timing", {}).get("sampling_timed_by") == "aot_rerun" for r in results["runs"]):
-        lines += ["† sampling time of an ahead-of-time compiled re-run of NumPyro's sampling loop (same state and "
-                  "keys, same draws, checked), since `MCMC.run` compiles inside the call; `MCMC.run`'s own time is in "
-                  "the JSON (`sampling_mcmc_run_s`).", ""]
     return "\n".join(lines)
 
 

@@ -186,11 +186,15 @@ def run_blackjax_nuts(rng_key, model, positions, num_warmup, num_samples, chain_
 
 
 def _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples, chain_method, fields):
-    """Drive a NumPyro kernel: warm-up (collected, to count its gradients), then sampling.
+    """Drive a NumPyro kernel as its users do: one ``MCMC.run`` (warm-up and draws in one compiled loop).
+
+    The run collects every iteration, warm-up included, so its leapfrog steps can be counted; only the
+    last ``num_samples`` are draws.  (``MCMC.warmup`` then ``MCMC.run`` would compile the loop twice,
+    which a user calling ``run`` once does not pay: docs/decisions.md, "NumPyro runs are one MCMC.run".)
+    The run time is split between warm-up and sampling by their gradients, as for ``run_chains``.
 
     Returns ``(SamplerRun without extra, mcmc, warm-up fields, sampling fields)``.
     """
-    import jax
     import jax.numpy as jnp
     from numpyro.infer import MCMC
 
@@ -198,88 +202,35 @@ def _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples, chain
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                 chain_method=chain_method, progress_bar=False)
     fields = ("num_steps", "diverging", "accept_prob") + tuple(fields)
-    warm_key, sample_key = jax.random.split(rng_key)
+    total = num_warmup + num_samples
+    # NumPyro's public API collects the warm-up only through MCMC.warmup, a second compiled loop; the
+    # collection window below is what MCMC.warmup(collect_warmup=True) sets, stretched over the whole run.
+    mcmc._set_collection_params(0, total, total, "sample")
     clock = CompileClock()
-    with clock.phase("warmup"):
-        mcmc.warmup(warm_key, init_params=jnp.asarray(positions), extra_fields=fields, collect_warmup=True)
-        warm_fields = _block(mcmc.get_extra_fields(group_by_chain=True))
-    with clock.phase("sampling"):
-        mcmc.run(sample_key, extra_fields=fields)
+    with clock.phase("run"):
+        mcmc.run(rng_key, init_params=jnp.asarray(positions), extra_fields=fields)
+        collected = _block(mcmc.get_extra_fields(group_by_chain=True))
         draws = _block(mcmc.get_samples(group_by_chain=True))
-        sample_fields = mcmc.get_extra_fields(group_by_chain=True)
-    draws = np.asarray(draws).reshape(num_chains, num_samples, -1)
-    timing = _timing(clock, clock.run_s["warmup"], clock.run_s["sampling"])
-    if chain_method in ("vectorized", "sequential") and num_chains > 1 and clock.run_s["sampling"] < RETIME_BELOW_S:
-        timing.update(_numpyro_sampling_execution(mcmc, sample_key, num_samples, draws, clock.run_s["sampling"],
-                                                  sequential=chain_method == "sequential"))
+    warm_fields = {k: np.asarray(v)[:, :num_warmup] for k, v in collected.items()}
+    sample_fields = {k: np.asarray(v)[:, num_warmup:] for k, v in collected.items()}
+    draws = np.asarray(draws)[:, num_warmup:].reshape(num_chains, num_samples, -1)
+    grads_warmup = warm_fields["num_steps"].sum(axis=1)
+    grads_sampling = sample_fields["num_steps"].sum(axis=1)
+    split = _split_by_gradients(clock.run_s["run"], grads_warmup.sum(), grads_sampling.sum())
     run = SamplerRun(
         draws=draws,
-        num_grads_warmup=np.asarray(warm_fields["num_steps"]).sum(axis=1),
-        num_grads_sampling=np.asarray(sample_fields["num_steps"]).sum(axis=1),
-        num_divergent_warmup=np.asarray(warm_fields["diverging"]).sum(axis=1),
-        num_divergent_sampling=np.asarray(sample_fields["diverging"]).sum(axis=1),
-        timing=timing,
+        num_grads_warmup=grads_warmup,
+        num_grads_sampling=grads_sampling,
+        num_divergent_warmup=warm_fields["diverging"].sum(axis=1),
+        num_divergent_sampling=sample_fields["diverging"].sum(axis=1),
+        timing=_timing(clock, *split, estimated=True),
         extra={
             "chain_method": chain_method,
-            "mean_acceptance": _as_float_list(np.asarray(sample_fields["accept_prob"]).mean(axis=1)),
-            "mean_steps_per_draw": _as_float_list(np.asarray(sample_fields["num_steps"]).mean(axis=1)),
+            "mean_acceptance": _as_float_list(sample_fields["accept_prob"].mean(axis=1)),
+            "mean_steps_per_draw": _as_float_list(sample_fields["num_steps"].mean(axis=1)),
         },
     )
     return run, mcmc, warm_fields, sample_fields
-
-
-# Below this many seconds of sampling, NumPyro's sampling phase is timed again as pure execution.
-RETIME_BELOW_S = 10.0
-
-
-def _same_draws(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal to rounding (two compilations of one loop may fuse, and so round, differently)."""
-    tolerance = 1e-5 if np.asarray(a).dtype == np.float32 else 1e-9
-    return np.asarray(a).shape == np.asarray(b).shape and bool(np.allclose(a, b, rtol=tolerance, atol=tolerance))
-
-
-def _numpyro_sampling_execution(mcmc, sample_key, num_samples: int, draws: np.ndarray, mcmc_run_s: float,
-                                sequential: bool = False) -> dict:
-    """Time NumPyro's sampling phase as the execution of a compiled executable, as the AOT runners are timed.
-
-    ``MCMC.run`` traces and compiles on every call, and the lowering work that
-    JAX's compile events miss stays in its measured run time (tens of
-    milliseconds: most of a 30 ms sampling phase; see ``CompileClock``).  So the
-    same computation -- the kernel's ``sample`` in a ``lax.scan`` from
-    ``post_warmup_state``, with the per-chain keys ``MCMC.run`` makes from
-    ``sample_key`` -- is compiled ahead of time and its call timed.  It must
-    reproduce ``draws`` (to rounding: XLA may fuse the loop differently);
-    otherwise ``MCMC.run``'s time stands and the record says so.  ``sequential``:
-    the chains one after another (``jax.lax.map`` over the chain axis), as
-    ``chain_method="sequential"`` runs them.
-    """
-    import jax
-
-    kernel = mcmc.sampler
-    state = mcmc.post_warmup_state._replace(rng_key=jax.random.split(sample_key, mcmc.num_chains))
-
-    def loop(state):
-        def body(state, _):
-            state = kernel.sample(state, (), {})
-            return state, state.z
-
-        return jax.lax.scan(body, state, None, length=num_samples)[1]
-
-    def chains_one_by_one(state):  # (chains, draws, ...) -> (draws, chains, ...) as the vectorized loop gives
-        return jax.tree.map(lambda z: jax.numpy.swapaxes(z, 0, 1), jax.lax.map(loop, state))
-
-    clock = CompileClock()
-    with clock.phase("rerun"):
-        compiled = jax.jit(chains_one_by_one if sequential else loop).lower(state).compile()
-        z = clock.execute(compiled, state)
-    z = np.swapaxes(np.asarray(z), 0, 1).reshape(draws.shape)
-    record = {"sampling_mcmc_run_s": float(mcmc_run_s), "retime_compile_s": float(clock.compile_s["rerun"]),
-              "retime_repeat_s": clock.repeat_s["rerun"]}
-    if _same_draws(z, draws):
-        record.update(sampling_timed_by="aot_rerun", sampling_s=float(clock.run_s["rerun"]))
-    else:
-        record.update(sampling_timed_by="mcmc_run (the ahead-of-time re-run's draws differed)")
-    return record
 
 
 def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
@@ -292,9 +243,7 @@ def run_numpyro_nuts(rng_key, model, positions, num_warmup, num_samples, **optio
     waits for the deepest tree; docs/decisions.md, "The per-second baseline").
     ``numpyro_nuts_vectorized`` is the same with ``chain_method="vectorized"``, faster on
     some models: the per-second baseline is the better of the two.  Other ``options`` go to
-    ``NUTS`` (e.g. ``target_accept_prob``, ``dense_mass``).  Warm-up runs with
-    ``MCMC.warmup(collect_warmup=True)`` so its leapfrog steps can be counted,
-    then ``MCMC.run`` continues from the warmed-up state.
+    ``NUTS`` (e.g. ``target_accept_prob``, ``dense_mass``).  One ``MCMC.run``, as users call it.
     """
     from numpyro.infer import NUTS
 
@@ -405,8 +354,8 @@ def run_ahmc_numpyro(rng_key, model, positions, num_warmup, num_samples, **optio
     """ahmc's ``AdaptiveHMC(potential_fn=-logdensity_fn)`` driven by ``numpyro.infer.MCMC``.
 
     Vectorized chains (one pooled tuner) unless ``options["chain_method"]``
-    says otherwise; other ``options`` go to ``AdaptiveHMC``.  Warm-up and
-    sampling are timed separately, exactly as for ``numpyro_nuts``.
+    says otherwise; other ``options`` go to ``AdaptiveHMC``.  One ``MCMC.run``,
+    timed exactly as ``numpyro_nuts``.
     """
     return _run_ahmc_kernel(model.logdensity_fn, rng_key, positions, num_warmup, num_samples, **options)
 
