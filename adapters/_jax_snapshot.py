@@ -94,10 +94,12 @@ def _split_data(data):
     return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild
 
 
-def _check_program(make: Callable, rebuild: Callable, unravel: Callable, kernel: Callable | None = None):
+def _check_program(make: Callable, rebuild: Callable, unravel: Callable, kernel: Callable | None = None,
+                   per_chain_data: bool = False):
     """The check's compiled program: ``(keys, starts, eps, L, imm, data arrays) -> (draws, acceptance)``,
     ``CHECK_ITERATIONS`` transitions per chain with ``L_t ~ U{1..L}`` on ``make(rebuild(arrays))``: HMC, or
-    ``kernel`` (BlackJAX's kernel signature; an RMHMC run's transition)."""
+    ``kernel`` (BlackJAX's kernel signature; an RMHMC run's transition).  ``per_chain_data``: the arrays
+    have a leading chain axis, chain ``c`` samples its own data's posterior (``run_chains(chain_data=)``)."""
     kernel = kernel or hmc.build_kernel()
 
     def one_chain(key, position, eps, max_steps, imm, arrays):
@@ -114,31 +116,37 @@ def _check_program(make: Callable, rebuild: Callable, unravel: Callable, kernel:
         _, (draws, accept) = jax.lax.scan(body, state, jax.random.split(key, CHECK_ITERATIONS))
         return draws, accept
 
-    return jax.jit(jax.vmap(one_chain, in_axes=(0, 0, None, None, None, None)))
+    return jax.jit(jax.vmap(one_chain, in_axes=(0, 0, None, None, None, 0 if per_chain_data else None)))
 
 
 def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel, data_logdensity=None,
-               kernel=None):
+               kernel=None, chain_data=None):
     """``(flat draws (C, n, d), mean acceptance)`` of the check: HMC at the snapshot's arm, ``L_t ~ U{1..L}``.
 
     The snapshot's values and, with ``data_logdensity = (make, data)`` (``make(data)`` is the log density),
     the data's arrays are the compiled program's arguments, not constants: a refit on new data of the same
     shapes then compiles the same program, which JAX's persistent compilation cache serves (docs/warm_start.md).
+    ``chain_data``: per-chain data (leading chain axis), chain ``c`` checked on ``logdensity_fn(x, data_c)``.
     """
     eps, max_steps = snapshot.arm
+    if chain_data is not None:
+        data_logdensity = (lambda data: (lambda x: logdensity_fn(x, data)), chain_data)
     make, data = data_logdensity if data_logdensity is not None else ((lambda _: logdensity_fn), ())
     arrays, rebuild = _split_data(data)
     args = (jax.random.split(rng_key, start.shape[0]), start, jnp.asarray(eps, start.dtype),
             jnp.asarray(max_steps, jnp.int32), jnp.asarray(snapshot.inverse_mass_matrix, start.dtype))
+    per_chain = chain_data is not None
     try:
-        draws, accept = _check_program(make, rebuild, unravel, kernel)(*args, arrays)
+        draws, accept = _check_program(make, rebuild, unravel, kernel, per_chain)(*args, arrays)
     except jax.errors.JAXTypeError:  # a model that needs its data concrete (NumPy on it): the data as constants
+        if per_chain:
+            raise
         draws, accept = _check_program(make, lambda _: data, unravel, kernel)(*args, [])
     return np.asarray(draws), float(np.nanmean(np.asarray(accept)))
 
 
 def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: str, fallback: str,
-                       first_row: int = 0, data_logdensity=None, kernel=None, metric: str = ""):
+                       first_row: int = 0, data_logdensity=None, kernel=None, metric: str = "", chain_data=None):
     """``(snapshot or None, positions, report)`` for a run asked to start from ``warm_start``.
 
     ``positions`` has a leading chain axis.  The check runs its chains from the snapshot's positions
@@ -146,6 +154,8 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
     start.  A failing one warns (:class:`WarmStartWarning`, with the reason and ``fallback``, what the
     caller does instead) and returns ``(None, positions, report)``.  ``data_logdensity``: see :func:`_check_run`.
     ``kernel`` and ``metric``: an RMHMC run's transition kernel and metric name (the snapshot's must match).
+    ``chain_data``: ``run_chains``' per-chain data; every chain is checked on its own data's posterior and
+    the verdict is one for all.
     """
     snapshot = load_snapshot(warm_start)
     flat0, unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
@@ -160,12 +170,16 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
         rows = (first_row + np.arange(num_chains)) % snapshot.positions.shape[0]
         start = jnp.asarray(snapshot.positions[rows], flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating)
                             else jnp.float32)
-        finite = np.all(np.isfinite(np.asarray(jax.vmap(lambda f: logdensity_fn(unravel(f)))(start))))
+        if chain_data is None:
+            densities = jax.vmap(lambda f: logdensity_fn(unravel(f)))(start)
+        else:
+            densities = jax.vmap(lambda f, data: logdensity_fn(unravel(f), data))(start, chain_data)
+        finite = np.all(np.isfinite(np.asarray(densities)))
         if not finite:
             report = FitReport(False, "the log density is not finite at the snapshot's positions")
         else:
             draws, acceptance = _check_run(logdensity_fn, snapshot, start, rng_key, unravel, data_logdensity,
-                                           kernel)
+                                           kernel, chain_data)
             report = check_fit(snapshot, draws, acceptance)
     if not report.fits:
         warnings.warn(f"{name}: warm_start not used: {report.reason}. {fallback}", WarmStartWarning, stacklevel=3)

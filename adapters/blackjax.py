@@ -545,15 +545,13 @@ def _warm_start(logdensity_fn, positions, options: dict, num_warmup: int, rng_ke
     check runs its transition and the snapshot must be of that metric."""
     if options.get("warm_start") is None:
         return options, positions, num_warmup, rng_key
-    if options.get("chain_data") is not None:
-        raise ValueError(f"{name}: warm_start does not combine with chain_data; fit each data set apart.")
     check_key, rng_key = jax.random.split(rng_key)
     cold = max(int(num_warmup), COLD_NUM_WARMUP)
     metric = options.get("metric")
     kernel = None if metric is None else kernel_for(metric, options)
     snapshot, positions, _ = prepare_warm_start(
         logdensity_fn, positions, options["warm_start"], check_key, name=name, kernel=kernel,
-        metric="" if metric is None else metric_name(metric),
+        metric="" if metric is None else metric_name(metric), chain_data=options.get("chain_data"),
         fallback=f"Running the cold warm-up ({cold} iterations) instead.")
     if snapshot is None:
         return {**options, "warm_start": None}, positions, cold, rng_key

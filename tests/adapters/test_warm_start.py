@@ -96,10 +96,32 @@ def test_a_snapshot_of_another_model_falls_back_and_bad_input_is_named(cold_fit)
         run_chains(jax.random.key(5), gaussian(SCALES), positions, 100, 50, warm_start="missing.json")
     with pytest.raises(ValueError, match="warm_start must be a TuningSnapshot"):
         run_chains(jax.random.key(5), gaussian(SCALES), positions, 100, 50, warm_start=3)
-    data = jnp.ones((NUM_CHAINS, 2))
-    with pytest.raises(ValueError, match="warm_start does not combine with chain_data"):
-        run_chains(jax.random.key(5), lambda x, d: gaussian(SCALES)(x), positions, 100, 50, warm_start=snapshot,
-                   chain_data=data)
+
+
+def scaled_gaussian(x, scales):
+    return -0.5 * jnp.sum((x / scales) ** 2)
+
+
+def test_folds_in_chain_data_refit_from_one_snapshot_each_checked_on_its_own_data(cold_fit):
+    """Cross-validation folds as ``chain_data`` (chain c samples fold c's posterior) warm-start from the
+    full fit's snapshot; the check runs every chain on its own fold, so one fold far from the snapshot
+    sends the whole run to the cold warm-up."""
+    info, state, positions = cold_fit
+    snapshot = tuning_snapshot(info, state)
+    factors = np.array([1.0, 1.1, 0.95, 1.05])  # each fold's posterior a little narrower or wider
+    folds = jnp.asarray(SCALES[None, :] * factors[:, None])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)
+        samples, fold_info = run_chains(jax.random.key(7), scaled_gaussian, positions, 250, 2000,
+                                        warm_start=snapshot, chain_data=folds)
+    assert np.asarray(fold_info.is_warmup).sum(axis=1).tolist() == [250] * NUM_CHAINS
+    # Each chain samples its own fold's posterior: scaled back by its fold's factor, all are N(0, SCALES^2).
+    assert_moments_match(np.asarray(samples) / factors[:, None, None], np.zeros(len(SCALES)), SCALES)
+    far = folds.at[3].multiply(30.0)  # one fold's posterior 30x wider than the snapshot's
+    with pytest.warns(WarmStartWarning, match="cold warm-up \\(1000"):
+        _, far_info = run_chains(jax.random.key(8), scaled_gaussian, positions, 250, 50, warm_start=snapshot,
+                                 chain_data=far)
+    assert np.asarray(far_info.is_warmup).sum(axis=1).tolist() == [1000] * NUM_CHAINS
 
 
 def test_the_blackjax_adaptation_takes_and_gives_a_snapshot(cold_fit):
