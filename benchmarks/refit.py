@@ -15,6 +15,9 @@ means against the cold run's (both MCSEs), and the largest R-hat.  Uses only the
 instead (4 chains, ``cores=2``; tune 1000 cold, 250 warm, the snapshot's check inside the warm tune),
 the snapshot read off the earlier fit's DataTree by ``ahmc.adapters.pymc.tuning_snapshot``.
 
+``--metric softabs`` (any metric name ``run_chains`` takes) refits the BlackJAX route with Riemann-manifold
+HMC: the snapshot then keeps the step size and GP evidence, and ``G(x)`` is computed on the new posterior.
+
 ``--route numpyro`` refits the logistic regressions with ``MCMC(AdaptiveHMC(model, warm_start=...))``, the data
 as model arguments (``jit_model_args=True``) and JAX's persistent compilation cache on (a fresh folder for
 the run), as a user who refits the same model daily would run it: the earlier fit compiles the programs and
@@ -24,6 +27,7 @@ every refit, cold or warm, loads them (docs/warm_start.md, "Refits without compi
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 import warnings
 from typing import Callable, NamedTuple
@@ -90,20 +94,24 @@ def mcse(draws):
     return draws.std(axis=(0, 1)) / np.sqrt(bulk_ess(draws))
 
 
-def run(model, seed: int, num_warmup: int, warm_start=None) -> dict:
+def run(model, seed: int, num_warmup: int, warm_start=None, metric=None) -> dict:
+    """One ``run_chains`` fit (``metric``: RMHMC's, by name), timed from the call."""
     positions = 0.1 * jax.random.normal(jax.random.key(seed), (NUM_CHAINS, model.dim))
     logdensity = lambda x: model.logdensity_fn(x)  # noqa: E731  -- a new function: compiled anew, as a refit is
+    extra = {} if metric is None else {"metric": metric}
     start = time.perf_counter()
     samples, info, state = run_chains(jax.random.key(seed + 1), logdensity, positions, num_warmup, NUM_SAMPLES,
-                                      warm_start=warm_start, return_state=True)
+                                      warm_start=warm_start, return_state=True, **extra)
     draws = np.asarray(samples)
     seconds = time.perf_counter() - start
-    steps, warmup = np.asarray(info.num_integration_steps), np.asarray(info.is_warmup)
+    # RMHMC counts its metric's evaluations with the gradients (num_gradient_evals), as the benchmark does.
+    steps = np.asarray(info.num_integration_steps if metric is None else info.num_gradient_evals)
+    warmup = np.asarray(info.is_warmup)
     # The check: CHECK_ITERATIONS transitions per chain with L ~ U{1..L} at the snapshot's arm (its mean).
     check = 0.0 if warm_start is None else NUM_CHAINS * CHECK_ITERATIONS * (warm_start.arm[1] + 1) / 2
     grads = {"warmup": float(steps[warmup].sum()) + check, "sampling": float(steps[~warmup].sum())}
     return {"draws": draws, "seconds": seconds, "grads": grads, "ess": strict_ess(draws),
-            "rhat": float(split_rhat(draws).max()), "snapshot": tuning_snapshot(info, state),
+            "rhat": float(split_rhat(draws).max()), "snapshot": tuning_snapshot(info, state, **extra),
             "fell_back": int(warmup.sum(axis=1)[0]) != num_warmup}
 
 
@@ -200,10 +208,10 @@ def run_numpyro(data, seed: int, num_warmup: int, warm_start=None) -> dict:
             "why": [str(w.message) for w in caught if issubclass(w.category, WarmStartWarning)]}
 
 
-def compare(name: str, seeds: int, route: str = "blackjax") -> list[dict]:
+def compare(name: str, seeds: int, route: str = "blackjax", metric: str | None = None) -> list[dict]:
     rows = []
     fit, cases = {"pymc": (run_pymc, pymc_scenarios), "numpyro": (run_numpyro, numpyro_scenarios)}.get(
-        route, (run, scenarios))
+        route, (functools.partial(run, metric=metric), scenarios))
     for label, earlier, refit in cases(name, np.random.default_rng(0)):
         snapshot = fit(earlier, 100, COLD_WARMUP)["snapshot"]
         if route == "numpyro":  # the earlier day's warm refit: the warm programs are in the cache too
@@ -251,7 +259,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--models", default=None, help="default: pima,breast_cancer,kidiq (pymc: no kidiq)")
     parser.add_argument("--route", choices=("blackjax", "numpyro", "pymc"), default="blackjax")
+    parser.add_argument("--metric", default=None, help="RMHMC's metric on the BlackJAX route, e.g. softabs")
     args = parser.parse_args(argv)
+    if args.metric is not None and args.route != "blackjax":
+        parser.error("--metric: RMHMC refits run on the BlackJAX route (--route blackjax)")
     jax.config.update("jax_enable_x64", True)
     if args.route == "numpyro":  # refits load the earlier fit's compiled programs
         import tempfile
@@ -259,7 +270,7 @@ def main(argv=None) -> None:
         jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="ahmc-refit-cache-"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     models = args.models or ("pima,breast_cancer,kidiq" if args.route == "blackjax" else "pima,breast_cancer")
-    rows = [row for name in models.split(",") for row in compare(name, args.seeds, args.route)]
+    rows = [row for name in models.split(",") for row in compare(name, args.seeds, args.route, args.metric)]
     print(table(rows))
 
 

@@ -909,3 +909,23 @@ def test_pin_engine_records_and_finds_no_change_on_the_same_code(tmp_path, monke
 
     monkeypatch.setattr(pin_engine, "run_case", shifted)
     assert pin_engine.main(["compare", path, "--cases", "user_box"]) == ["user_box/step"]
+
+
+@pytest.mark.slow  # four short RMHMC fits, ~40 s
+def test_refit_study_warm_starts_rmhmc_through_the_public_api(monkeypatch, jax_x64):
+    """``python -m benchmarks.refit --metric softabs``: RMHMC refits from an RMHMC snapshot, fewer warm-up
+    gradients than the cold refit (the check counted), the snapshot carrying the metric's name."""
+    pytest.importorskip("blackjax")
+    from benchmarks import refit
+
+    monkeypatch.setattr(refit, "NUM_SAMPLES", 200)
+    monkeypatch.setattr(refit, "COLD_WARMUP", 400)
+    monkeypatch.setattr(refit, "WARM_WARMUP", 100)
+    scenario = next(refit.scenarios("pima", np.random.default_rng(0)))
+    _, earlier, new = scenario
+    snapshot = refit.run(earlier, 100, 400, metric="softabs")["snapshot"]
+    assert snapshot.metric == "softabs"
+    cold = refit.run(new, 0, 400, metric="softabs")
+    warm = refit.run(new, 0, 100, warm_start=snapshot, metric="softabs")
+    assert not warm["fell_back"] and warm["grads"]["warmup"] < 0.5 * cold["grads"]["warmup"]
+    assert warm["rhat"] < 1.1 and cold["rhat"] < 1.1
