@@ -20,39 +20,8 @@ Its types are :mod:`ahmc.adapters._jax_types`'; the checks and resolution of its
 :mod:`ahmc.adapters._jax_setup`'s; whole runs (one compiled program, engines reused across calls)
 :mod:`ahmc.adapters._jax_run`'s.
 
-The execution options of :func:`build_engine` (the tuning options are the Config's):
-
-pooled
-    One tuner for all chains (every chain runs the same arm; the chain-mean reward enters the
-    GP with weight ``C``), or ``False``: an independent tuner per chain.
-inverse_mass_matrix
-    The initial (or, with ``adapt_mass_matrix=False``, fixed) inverse mass matrix: ``(d,)``, or
-    ``(d, d)`` with ``dense_mass``; default identity.
-integrator, divergence_threshold
-    Passed to :func:`blackjax.mcmc.hmc.build_kernel`.
-kernel
-    Replaces that HMC kernel: ``(rng_key, HMCState, logdensity_fn, step_size, inverse_mass_matrix,
-    num_integration_steps) -> (HMCState, info)``; ``info`` may carry ``fixed_point_converged`` and
-    ``num_gradient_evals`` (RMHMC, :mod:`ahmc.adapters._jax_rmhmc`).
-initial_arm
-    ``(step_size, L)`` of the first round in a user box (default: the box's middle).
-chain_data
-    Per-chain data with a leading chain axis: chain ``c`` targets ``logdensity_fn(position, data_c)``
-    (cross-validation folds); their log densities are then not compared (no restarts).
-round_end_fn, round_end_state
-    A reward from the round's draws instead of the objective:
-    ``round_end_fn(draws, num_draws, hook_state) -> (reward, hook_state)``, once per round; ``draws``
-    has leading axes ``(C, M)``, of which the first ``num_draws`` are the round's.
-super_transitions
-    Leapfrog budget ``B`` per chain and round (thesis 3.2): a round with maximum ``L`` makes
-    ``B / E[L_t]`` transitions (stochastically rounded) and ``L <= 2 B - 1``.  Pooled only;
-    ``EngineInfo.round`` and ``is_warmup`` then count rounds.
-shared_num_steps
-    Every chain of an iteration takes ``L_t`` from one shared ``u ~ U(0, 1)`` (default): vmapped
-    chains then waste no gradients waiting for the longest; ``False`` is the paper's independent draws.
-sequential_chains
-    The chains' transitions one after another (``jax.lax.map``) instead of ``jax.vmap``: for kernels
-    whose cost varies by chain (RMHMC's implicit solves).
+The execution options of :func:`build_engine` (how the chains run; the tuning options are the Config's)
+are described in docs/architecture.md, "The engine's execution options".
 """
 
 from __future__ import annotations
@@ -63,23 +32,21 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.flatten_util import ravel_pytree
 
-import blackjax.mcmc.hmc as hmc
 import blackjax.mcmc.integrators as integrators
-from blackjax.adaptation.step_size import find_reasonable_step_size
 
 from ahmc.core.mass_matrix import resolve_metric_recipe
 from ahmc.core.objectives import needs_center
 from ahmc.core.schedule import WarmupPlan, warmup_num_steps
 from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction
 
-from ._jax_kernel import ChainKernel, build_chain_kernel, inverse_cholesky
-from ._jax_rounds import Rounds
-from ._jax_setup import (_DEFAULT, _check_finite, _check_options, _check_positions, _checked_plan, _gp_tuner,
-                         _initial_metric, _rounds, _search_setup, _tuner_prior, _warm_metric, _warmup_of,
-                         with_config)
+from ._jax_kernel import ChainKernel, build_chain_kernel
+from ._jax_rounds import Rounds, advance_round
+from ._jax_scan import scan_draws
+from ._jax_setup import (_DEFAULT, _check_options, _checked_plan, _gp_tuner, _rounds, _search_setup, _tuner_prior,
+                         _warm_metric, _warmup_of, with_config)
+from ._jax_state import initial_state
 from ._jax_types import Engine, EngineConfig, EngineInfo, EngineState, SearchBox, WindowStats
 from ._jax_warmup import Warmup, WarmupState
 
@@ -183,8 +150,9 @@ def build_engine(
         use_center=use_center, round_end_fn=round_end_fn,
         round_end_state=round_end_state, super_transitions=super_transitions,
         buffer_length=int(super_transitions) if super_transitions else int(round_length), tuner_prior=tuner_prior)
-    return Engine(init=partial(_init, parts), step=partial(_step, parts), parameters=partial(_parameters, parts),
-                  tuner=tuner, config=config, scan_draws=partial(_scan_draws_of, parts))
+    step = partial(_step, parts)
+    return Engine(init=partial(initial_state, parts), step=step, parameters=partial(_parameters, parts),
+                  tuner=tuner, config=config, scan_draws=partial(scan_draws, parts, step))
 
 
 class _Parts(NamedTuple):
@@ -208,62 +176,6 @@ class _Parts(NamedTuple):
     super_transitions: int | None
     buffer_length: int
     tuner_prior: Any = None  # a NumPy TunerState holding a warm start's GP evidence
-
-
-def _init(parts: _Parts, positions, rng_key=None) -> EngineState:
-    """Initial state for positions with a leading chain axis."""
-    num_chains = _check_positions(positions, parts.chain_data)
-    data = () if parts.chain_data is None else (parts.chain_data,)
-    logdensity, grad = jax.vmap(jax.value_and_grad(parts.logdensity_fn))(positions, *data)
-    _check_finite(logdensity, grad)
-    flat0, _ = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
-    dim = flat0.shape[0]
-    dtype = flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating) else jnp.float32
-    imm, dense = _initial_metric(parts.inverse_mass_matrix, parts.dense_mass, dim, dtype)
-    if parts.tuner_prior is not None:
-        tuner_state = jax.tree.map(lambda x: jnp.asarray(x, dtype if np.issubdtype(x.dtype, np.floating) else x.dtype),
-                                   parts.tuner_prior)
-    else:
-        tuner_state = parts.tuner.init(xp=jnp, dtype=dtype)
-    if not parts.config.pooled:
-        tuner_state = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_chains, *x.shape)), tuner_state)
-    box = SearchBox(jnp.asarray(parts.box0[0], dtype), jnp.asarray(parts.box0[1], jnp.int32))
-    eps0 = jnp.asarray(parts.initial_step_size, dtype)
-    # A warm start's eps* was adapted for this metric already (and checked): no search from it.
-    if parts.plan.metric_phase_length > 0 and parts.tuner_prior is None:
-        key = jax.random.key(0) if rng_key is None else rng_key
-        first = jax.tree.map(lambda x: x[0], (positions, grad, data))
-        ref = hmc.HMCState(first[0], logdensity[0], first[1])
-        chain0 = parts.logdensity_fn if not data else (lambda z: parts.logdensity_fn(z, first[2][0]))
-
-        def kernel_generator(eps):
-            return lambda key, state: parts.kernel.base(key, state, chain0, eps, imm, 1)
-
-        eps0 = find_reasonable_step_size(key, kernel_generator, ref, eps0, parts.config.target_acceptance_rate)
-    warmup = parts.warmup
-    return EngineState(
-        position=positions, logdensity=logdensity, logdensity_grad=grad, iteration=jnp.asarray(0, jnp.int32),
-        tuner=tuner_state, round_stats=parts.rounds.fresh(num_chains, dtype), inverse_mass_matrix=imm, box=box,
-        step_size_adaptation=warmup.step_size_state(eps0), mass_matrix_adaptation=warmup.mass_matrix_state(dim, dtype, dense, num_chains),
-        adapt_probability=jnp.asarray(1.0, dtype), window=warmup.window_state(num_chains, dtype),
-        whitening=inverse_cholesky(imm) if dense else None, **_round_buffers(parts, positions, tuner_state, box, rng_key))
-
-
-def _round_buffers(parts: _Parts, positions, tuner_state, box, rng_key) -> dict:
-    """Initial values of the optional state fields (hook buffer, round counters, center)."""
-    extra = {}
-    if parts.round_end_fn is not None:
-        extra["round_draws"] = jax.tree.map(
-            lambda x: jnp.zeros((x.shape[0], parts.buffer_length) + x.shape[1:], x.dtype), positions)
-        extra["round_end_state"] = parts.round_end_state
-    if parts.round_end_fn is not None or parts.super_transitions:
-        extra["round_iteration"] = jnp.asarray(0, jnp.int32)
-    if parts.super_transitions:
-        key = jax.random.fold_in(jax.random.key(0) if rng_key is None else rng_key, 7)
-        extra["round_target"] = parts.rounds.length(tuner_state, box, key)  # reset when the GP starts
-    if parts.use_center:  # replaced at every mass-matrix window's end, before the GP starts
-        extra["center"] = jnp.mean(jax.vmap(lambda p: ravel_pytree(p)[0])(positions), axis=0)
-    return extra
 
 
 def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, round_end: str = "cond"):
@@ -302,7 +214,7 @@ def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, ro
         stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
                              parts.rounds.fresh(num_chains, dtype), stats)
     starts_gp = False if sampling else it == parts.plan.metric_phase_length - 1
-    new_state, round_info = _advance_round(parts, key_tuner, state, new, stats, warm, arm_l, in_metric_phase,
+    new_state, round_info = advance_round(parts, key_tuner, state, new, stats, warm, arm_l, in_metric_phase,
                                            starts_gp, round_end)
     info = EngineInfo(
         step_size=eps, num_steps=max_steps, num_integration_steps=num_taken.astype(jnp.int32),
@@ -312,65 +224,6 @@ def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, ro
         num_gradient_evals=getattr(hmc_info, "num_gradient_evals", num_taken).astype(jnp.int32),
         restarted=lost, **round_info)
     return new_state, info
-
-
-def _advance_round(parts: _Parts, key_tuner, state, new, stats, warm, arm_l, in_metric_phase, starts_gp, round_end):
-    """The round's bookkeeping after the transition: its end (reward, tuner update) when it ends here, the
-    next state, and the round fields of the iteration's info."""
-    num_chains, it, plan = state.logdensity.shape[0], state.iteration, parts.plan
-    dtype = state.inverse_mass_matrix.dtype
-    rounds, hook, super_transitions = parts.rounds, parts.round_end_fn is not None, parts.super_transitions
-    since_gp = it - plan.metric_phase_length
-    is_round_end = (~in_metric_phase) & ((since_gp + 1) % plan.round_length == 0)
-    if super_transitions:
-        key_tuner, key_length = jax.random.split(key_tuner)
-        round_target = jnp.where(starts_gp, rounds.length(state.tuner, warm.box, key_length), state.round_target)
-        is_round_end = (~in_metric_phase) & (state.round_iteration + 1 >= round_target)
-    round_draws = None
-    if hook:
-        slot = jnp.minimum(state.round_iteration, parts.buffer_length - 1)
-        round_draws = jax.tree.map(lambda buf, x: buf.at[:, slot].set(x), state.round_draws, new.position)
-    end_round = partial(rounds.close, arm_l=arm_l, key_tuner=key_tuner, round_draws=round_draws,
-                        num_draws=state.round_iteration + 1 if hook else None,
-                        ends=is_round_end if round_end == "cond" else True)
-
-    def continue_round(operand):
-        tuner_state, stats, p, hook_state = operand
-        nan = jnp.full((num_chains,), jnp.nan, dtype)
-        return tuner_state, stats, (nan, jnp.zeros((num_chains,), bool), p), hook_state
-
-    operand = (state.tuner, stats, state.adapt_probability, state.round_end_state)
-    if round_end == "cond":
-        tuner_state, stats, (reward, changed, p), hook_state = jax.lax.cond(
-            is_round_end, end_round, continue_round, operand)
-    else:
-        if super_transitions:
-            raise ValueError("round_end='never'/'always' needs fixed-length rounds (no super_transitions).")
-        is_round_end = jnp.asarray(round_end == "always")
-        tuner_state, stats, (reward, changed, p), hook_state = (
-            end_round if round_end == "always" else continue_round)(operand)
-    new_state = EngineState(
-        position=new.position, logdensity=new.logdensity, logdensity_grad=new.logdensity_grad, iteration=it + 1,
-        tuner=tuner_state, round_stats=stats, adapt_probability=p, inverse_mass_matrix=warm.inverse_mass_matrix,
-        box=warm.box, step_size_adaptation=warm.step_size_adaptation,
-        mass_matrix_adaptation=warm.mass_matrix_adaptation, window=warm.window, center=warm.center,
-        whitening=warm.whitening)
-    round_index = jnp.where(in_metric_phase, 0, since_gp // plan.round_length + 1).astype(jnp.int32)
-    is_warmup = it < plan.num_warmup
-    if hook or super_transitions:
-        new_state = new_state._replace(
-            round_iteration=jnp.where(is_round_end | in_metric_phase, 0, state.round_iteration + 1))
-    if hook:
-        new_state = new_state._replace(round_draws=round_draws, round_end_state=hook_state)
-    if super_transitions:  # warm-up and round indices count rounds of varying length
-        key_next = jax.random.fold_in(key_tuner, 1)
-        new_state = new_state._replace(round_target=jnp.where(
-            is_round_end, rounds.length(tuner_state, warm.box, key_next), round_target))
-        round_index = jnp.where(in_metric_phase, 0, state.tuner.round + 1).astype(jnp.int32)
-        is_warmup = in_metric_phase | (state.tuner.round < plan.num_warmup_rounds)
-    per_chain = partial(jnp.broadcast_to, shape=(num_chains,))
-    return new_state, dict(reward=reward, round=per_chain(round_index), arm_changed=changed,
-                           adapt_probability=per_chain(p), is_warmup=per_chain(is_warmup))
 
 
 def _parameters(parts: _Parts, state: EngineState) -> dict:
@@ -390,56 +243,3 @@ def _parameters(parts: _Parts, state: EngineState) -> dict:
         "num_integration_steps": jnp.where(in_metric_phase, warm_l, steps),
         "min_steps_fraction": config.min_steps_fraction,  # the jitter the arm was tuned with
     }
-
-
-def _scan_draws_of(parts: _Parts, rng_key, state: EngineState, num_samples: int, first_iteration: int):
-    """Run ``num_samples`` iterations after warm-up: ``(state, (positions, info))`` as a ``lax.scan`` of ``step``
-    with ``jax.random.split(rng_key, num_samples)`` gives, the same draws, but cheaper.  ``first_iteration``
-    (static) is ``state.iteration``, at least ``num_warmup``.  With fixed-length rounds each whole round runs
-    as an inner scan of iterations that cannot end a round, followed by the round's end, so no iteration
-    branches at run time; the partial rounds at either end use ``step``."""
-    keys = jax.random.split(rng_key, num_samples)
-    plan = parts.plan
-    per_iteration = partial(_step, parts, sampling=True)
-    if parts.super_transitions:
-        return _scan_steps(per_iteration, state, keys)
-    into_round = (first_iteration - plan.metric_phase_length) % plan.round_length
-    head = min(num_samples, (plan.round_length - into_round) % plan.round_length)
-    num_rounds = (num_samples - head) // plan.round_length
-    tail = num_samples - head - num_rounds * plan.round_length
-    # An empty piece is left out rather than scanned over no keys: it would still be traced and
-    # lowered (about half the tracing time of the draws on a 10-d Gaussian, 2026-11-28).
-    pieces = []
-    if head:
-        state, out = _scan_steps(per_iteration, state, keys[:head])
-        pieces.append(out)
-    if num_rounds:
-        inner = partial(_step, parts, sampling=True, round_end="never")
-        blocks = keys[head:head + num_rounds * plan.round_length].reshape(
-            (num_rounds, plan.round_length) + keys.shape[1:])
-        # A pooled tuner without a hook, after warm-up (the exploit step lies in the warm-up): rounds run in
-        # segments (:func:`ahmc.adapters._jax_rounds.segmented_rounds`).  Otherwise one round per scan step.
-        if parts.config.pooled and parts.round_end_fn is None and first_iteration >= plan.num_warmup:
-            state, out = parts.rounds.segmented(inner, state, blocks)
-        else:
-            def one_round(state, round_keys):
-                state, (positions, info) = _scan_steps(inner, state, round_keys)
-                state, (reward, changed, p) = parts.rounds.finish(state, round_keys[-1])
-                info = info._replace(reward=info.reward.at[-1].set(reward),
-                                     arm_changed=info.arm_changed.at[-1].set(changed),
-                                     adapt_probability=info.adapt_probability.at[-1].set(p))
-                return state, (positions, info)
-
-            state, out = jax.lax.scan(one_round, state, blocks)
-        pieces.append(jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), out))
-    if tail or not pieces:
-        state, out = _scan_steps(per_iteration, state, keys[head + num_rounds * plan.round_length:])
-        pieces.append(out)
-    return state, jax.tree.map(lambda *xs: jnp.concatenate(xs), *pieces)
-
-
-def _scan_steps(step_fn, state, keys):
-    def body(state, key):
-        state, info = step_fn(key, state)
-        return state, (state.position, info)
-    return jax.lax.scan(body, state, keys)

@@ -24,8 +24,9 @@ from ahmc.core.objectives import NONFINITE_REWARD_MESSAGE, round_init, round_upd
 from ahmc.core.space import min_num_steps
 
 from ._jax_kernel import step_bin_widths
+from ._jax_types import EngineState
 
-__all__ = ["Rounds", "build_rounds", "TrajectoryRoundStats", "trajectory_jump_estimate"]
+__all__ = ["Rounds", "advance_round", "build_rounds", "TrajectoryRoundStats", "trajectory_jump_estimate"]
 
 
 class TrajectoryRoundStats(NamedTuple):
@@ -314,3 +315,62 @@ def segmented_rounds(tuner, record, inner, state, blocks):
     state, _, outputs, _, _, nonfinite = jax.lax.while_loop(lambda c: c[1] < num_rounds, segment, start)
     jax.lax.cond(nonfinite, _warn_nonfinite_reward, lambda _: None, nonfinite)
     return state, outputs
+
+
+def advance_round(parts: Any, key_tuner, state, new, stats, warm, arm_l, in_metric_phase, starts_gp, round_end):
+    """The round's bookkeeping after the transition: its end (reward, tuner update) when it ends here, the
+    next state, and the round fields of the iteration's info."""
+    num_chains, it, plan = state.logdensity.shape[0], state.iteration, parts.plan
+    dtype = state.inverse_mass_matrix.dtype
+    rounds, hook, super_transitions = parts.rounds, parts.round_end_fn is not None, parts.super_transitions
+    since_gp = it - plan.metric_phase_length
+    is_round_end = (~in_metric_phase) & ((since_gp + 1) % plan.round_length == 0)
+    if super_transitions:
+        key_tuner, key_length = jax.random.split(key_tuner)
+        round_target = jnp.where(starts_gp, rounds.length(state.tuner, warm.box, key_length), state.round_target)
+        is_round_end = (~in_metric_phase) & (state.round_iteration + 1 >= round_target)
+    round_draws = None
+    if hook:
+        slot = jnp.minimum(state.round_iteration, parts.buffer_length - 1)
+        round_draws = jax.tree.map(lambda buf, x: buf.at[:, slot].set(x), state.round_draws, new.position)
+    end_round = partial(rounds.close, arm_l=arm_l, key_tuner=key_tuner, round_draws=round_draws,
+                        num_draws=state.round_iteration + 1 if hook else None,
+                        ends=is_round_end if round_end == "cond" else True)
+
+    def continue_round(operand):
+        tuner_state, stats, p, hook_state = operand
+        nan = jnp.full((num_chains,), jnp.nan, dtype)
+        return tuner_state, stats, (nan, jnp.zeros((num_chains,), bool), p), hook_state
+
+    operand = (state.tuner, stats, state.adapt_probability, state.round_end_state)
+    if round_end == "cond":
+        tuner_state, stats, (reward, changed, p), hook_state = jax.lax.cond(
+            is_round_end, end_round, continue_round, operand)
+    else:
+        if super_transitions:
+            raise ValueError("round_end='never'/'always' needs fixed-length rounds (no super_transitions).")
+        is_round_end = jnp.asarray(round_end == "always")
+        tuner_state, stats, (reward, changed, p), hook_state = (
+            end_round if round_end == "always" else continue_round)(operand)
+    new_state = EngineState(
+        position=new.position, logdensity=new.logdensity, logdensity_grad=new.logdensity_grad, iteration=it + 1,
+        tuner=tuner_state, round_stats=stats, adapt_probability=p, inverse_mass_matrix=warm.inverse_mass_matrix,
+        box=warm.box, step_size_adaptation=warm.step_size_adaptation,
+        mass_matrix_adaptation=warm.mass_matrix_adaptation, window=warm.window, center=warm.center,
+        whitening=warm.whitening)
+    round_index = jnp.where(in_metric_phase, 0, since_gp // plan.round_length + 1).astype(jnp.int32)
+    is_warmup = it < plan.num_warmup
+    if hook or super_transitions:
+        new_state = new_state._replace(
+            round_iteration=jnp.where(is_round_end | in_metric_phase, 0, state.round_iteration + 1))
+    if hook:
+        new_state = new_state._replace(round_draws=round_draws, round_end_state=hook_state)
+    if super_transitions:  # warm-up and round indices count rounds of varying length
+        key_next = jax.random.fold_in(key_tuner, 1)
+        new_state = new_state._replace(round_target=jnp.where(
+            is_round_end, rounds.length(tuner_state, warm.box, key_next), round_target))
+        round_index = jnp.where(in_metric_phase, 0, state.tuner.round + 1).astype(jnp.int32)
+        is_warmup = in_metric_phase | (state.tuner.round < plan.num_warmup_rounds)
+    per_chain = partial(jnp.broadcast_to, shape=(num_chains,))
+    return new_state, dict(reward=reward, round=per_chain(round_index), arm_changed=changed,
+                           adapt_probability=per_chain(p), is_warmup=per_chain(is_warmup))
