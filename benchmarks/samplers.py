@@ -1013,6 +1013,11 @@ BY_NAME_SAMPLERS: dict[str, Runner] = {
                                             metric_recipe="fisher_low_rank"),
     "ahmc_numpyro_welford_diag": _with_defaults(run_ahmc_numpyro, "Stan's Welford diagonal (the default before "
                                                 "2026-12-03)", metric_recipe="welford_diag"),
+    # the rewards the strict metric was checked on: docs/decisions.md, "The reward on the strict metric"
+    "ahmc_blackjax_moments": _with_defaults(run_ahmc_blackjax, "objective='esjd_moments'",
+                                            objective="esjd_moments"),
+    "ahmc_blackjax_esjd": _with_defaults(run_ahmc_blackjax, "objective='esjd' (jump per iteration)",
+                                         objective="esjd"),
 }
 
 # name -> runner; every runner has the signature described in the module docstring.
