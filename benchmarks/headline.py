@@ -56,6 +56,14 @@ def per_second(record: dict) -> float:
     return strict_ess(record) / total_wall_s(record)
 
 
+def run_us_per_gradient(record: dict) -> float:
+    """Microseconds of running (warm-up and sampling, compilation left out) per gradient: the cost of an
+    iteration at a given number of gradients, tuner and loop included."""
+    grads = record["metrics"]["grads"]
+    timing = record["timing"]
+    return 1e6 * (timing["warmup_s"] + timing["sampling_s"]) / max(grads["warmup"] + grads["sampling"], 1)
+
+
 def _runs(results: dict) -> dict:
     return {(r["model"], r["sampler"]): r for r in results["runs"] if r["status"] == "ok"}
 
@@ -89,12 +97,14 @@ def route_rows(results: dict, route: str) -> list[dict]:
         peer_s, peer = _best(runs, model, ROUTES[route], per_second)
         nuts_g, nuts = _best(runs, model, ALL_NUTS, per_gradient)
         peer_compile = runs[model, peer]["timing"].get("compile_s") if peer else None
+        peer_us = run_us_per_gradient(runs[model, peer]) if peer else None
         rows.append({"model": model, "dim": results["models"][model]["dim"],
                      "per_second": per_second(mine), "peer": peer, "peer_per_second": peer_s,
                      "ratio_second": _ratio(per_second(mine), peer_s),
                      "per_gradient": per_gradient(mine), "nuts": nuts, "nuts_per_gradient": nuts_g,
                      "ratio_gradient": _ratio(per_gradient(mine), nuts_g),
                      "compile_s": mine["timing"].get("compile_s"), "peer_compile_s": peer_compile,
+                     "us_per_gradient": run_us_per_gradient(mine), "peer_us_per_gradient": peer_us,
                      "rhat": mine["metrics"]["rhat_max"]})
     return rows
 
@@ -105,14 +115,15 @@ def route_table(results: dict, route: str) -> list[str]:
         return []
     lines = [f"**{route}**", "",
              "| model | d | strict ESS/s | best peer per second | ratio | strict ESS/grad | best NUTS per gradient "
-             "| ratio | compile s (peer) | max R-hat |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| ratio | compile s (peer) | run µs/grad (peer) | max R-hat |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['dim']} | {_cell(r['per_second'])} | {_cell(r['peer_per_second'])} ({r['peer']}) "
             f"| {_cell(r['ratio_second'], 'x', 2)} | {_cell(r['per_gradient'])} | "
             f"{_cell(r['nuts_per_gradient'])} ({r['nuts']}) | {_cell(r['ratio_gradient'], 'x', 2)} | "
-            f"{_cell(r['compile_s'], '', 2)} ({_cell(r['peer_compile_s'], '', 2)}) | {r['rhat']:.3f} |")
+            f"{_cell(r['compile_s'], '', 2)} ({_cell(r['peer_compile_s'], '', 2)}) | "
+            f"{_cell(r['us_per_gradient'], '', 2)} ({_cell(r['peer_us_per_gradient'], '', 2)}) | {r['rhat']:.3f} |")
     second, gradient = (_geomean(r[k] for r in rows) for k in ("ratio_second", "ratio_gradient"))
     losses = [f"{r['model']} {r['ratio_second']:.2f}x" for r in rows
               if r["ratio_second"] is not None and r["ratio_second"] < 1]
@@ -134,7 +145,8 @@ def headline_markdown(json_path: Path) -> str:
              f"({settings['num_warmup']} warm-up + {settings['num_samples']} draws), {settings['dtype']}, "
              f"{env['cpu_model']} with {env['nproc']} cores; `{_command(env['command'])}`. "
              "Strict ESS: min over coordinates of min(bulk ESS of x, of (x - mean)^2); per gradient with "
-             "warm-up counted, per second of total wall time with compilation.", ""]
+             "warm-up counted, per second of total wall time with compilation. Run µs/grad: the run's time "
+             "without compilation over its gradients, beside the per-second peer's.", ""]
     for route in ROUTES:
         lines += route_table(results, route)
     return "\n".join(lines).rstrip() + "\n"
