@@ -55,15 +55,12 @@ def _whole_run(init, step, scan_draws, rng_key, positions, num_warmup, num_sampl
     the draws too are a scan of ``step``)."""
     init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
     state = init(positions, init_key)
-    if scan_draws is None and num_samples > 0:
+    if scan_draws is None:
         keys = jnp.concatenate([jax.random.split(warm_key, num_warmup), jax.random.split(sample_key, num_samples)])
         state, (draws, info) = _one_loop(step, state, keys, num_warmup, num_samples)
     else:
         state, warm_info = _scan_impl(step, warm_key, state, num_warmup, False)
-        if scan_draws is None:
-            state, (draws, sample_info) = _scan_impl(step, sample_key, state, num_samples, True)
-        else:
-            state, (draws, sample_info) = scan_draws(sample_key, state, num_samples, num_warmup)
+        state, (draws, sample_info) = scan_draws(sample_key, state, num_samples, num_warmup)
         info = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), warm_info, sample_info)
     samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), draws)
     return samples, info, state
@@ -79,8 +76,10 @@ def _one_loop(step, state, keys, num_warmup, num_samples):
         state, buffer = carry
         key, index = key_and_index
         state, info = step(key, state)
-        row = jnp.maximum(index - num_warmup, 0)
-        buffer = jax.tree.map(lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, row, 0), buffer, state.position)
+        if num_samples:  # no draws (a warm-up only run): nothing to write
+            row = jnp.maximum(index - num_warmup, 0)
+            buffer = jax.tree.map(lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, row, 0), buffer,
+                                  state.position)
         return (state, buffer), info
 
     (state, draws), info = jax.lax.scan(body, (state, buffer), (keys, jnp.arange(keys.shape[0])))

@@ -120,33 +120,31 @@ def _check_program(make: Callable, rebuild: Callable, unravel: Callable, kernel:
 
 
 def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel, data_logdensity=None,
-               kernel=None, chain_data=None):
+               kernel=None, per_chain_data=False):
     """``(flat draws (C, n, d), mean acceptance)`` of the check: HMC at the snapshot's arm, ``L_t ~ U{1..L}``.
 
     The snapshot's values and, with ``data_logdensity = (make, data)`` (``make(data)`` is the log density),
     the data's arrays are the compiled program's arguments, not constants: a refit on new data of the same
     shapes then compiles the same program, which JAX's persistent compilation cache serves (docs/warm_start.md).
-    ``chain_data``: per-chain data (leading chain axis), chain ``c`` checked on ``logdensity_fn(x, data_c)``.
+    ``per_chain_data``: the data have a leading chain axis, chain ``c`` checked on ``make(data_c)``.
     """
     eps, max_steps = snapshot.arm
-    if chain_data is not None:
-        data_logdensity = (lambda data: (lambda x: logdensity_fn(x, data)), chain_data)
     make, data = data_logdensity if data_logdensity is not None else ((lambda _: logdensity_fn), ())
     arrays, rebuild = _split_data(data)
     args = (jax.random.split(rng_key, start.shape[0]), start, jnp.asarray(eps, start.dtype),
             jnp.asarray(max_steps, jnp.int32), jnp.asarray(snapshot.inverse_mass_matrix, start.dtype))
-    per_chain = chain_data is not None
     try:
-        draws, accept = _check_program(make, rebuild, unravel, kernel, per_chain)(*args, arrays)
+        draws, accept = _check_program(make, rebuild, unravel, kernel, per_chain_data)(*args, arrays)
     except jax.errors.JAXTypeError:  # a model that needs its data concrete (NumPy on it): the data as constants
-        if per_chain:
+        if per_chain_data:
             raise
         draws, accept = _check_program(make, lambda _: data, unravel, kernel)(*args, [])
     return np.asarray(draws), float(np.nanmean(np.asarray(accept)))
 
 
 def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: str, fallback: str,
-                       first_row: int = 0, data_logdensity=None, kernel=None, metric: str = "", chain_data=None):
+                       first_row: int = 0, data_logdensity=None, kernel=None, metric: str = "",
+                       per_chain_data: bool = False):
     """``(snapshot or None, positions, report)`` for a run asked to start from ``warm_start``.
 
     ``positions`` has a leading chain axis.  The check runs its chains from the snapshot's positions
@@ -154,8 +152,8 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
     start.  A failing one warns (:class:`WarmStartWarning`, with the reason and ``fallback``, what the
     caller does instead) and returns ``(None, positions, report)``.  ``data_logdensity``: see :func:`_check_run`.
     ``kernel`` and ``metric``: an RMHMC run's transition kernel and metric name (the snapshot's must match).
-    ``chain_data``: ``run_chains``' per-chain data; every chain is checked on its own data's posterior and
-    the verdict is one for all.
+    ``per_chain_data``: ``data_logdensity``'s data have a leading chain axis (``run_chains``' ``chain_data``);
+    every chain is checked on its own data's posterior and the verdict is one for all.
     """
     snapshot = load_snapshot(warm_start)
     flat0, unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
@@ -170,16 +168,17 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
         rows = (first_row + np.arange(num_chains)) % snapshot.positions.shape[0]
         start = jnp.asarray(snapshot.positions[rows], flat0.dtype if jnp.issubdtype(flat0.dtype, jnp.floating)
                             else jnp.float32)
-        if chain_data is None:
-            densities = jax.vmap(lambda f: logdensity_fn(unravel(f)))(start)
+        if per_chain_data:
+            make, data = data_logdensity
+            densities = jax.vmap(lambda f, data_c: make(data_c)(unravel(f)))(start, data)
         else:
-            densities = jax.vmap(lambda f, data: logdensity_fn(unravel(f), data))(start, chain_data)
+            densities = jax.vmap(lambda f: logdensity_fn(unravel(f)))(start)
         finite = np.all(np.isfinite(np.asarray(densities)))
         if not finite:
             report = FitReport(False, "the log density is not finite at the snapshot's positions")
         else:
             draws, acceptance = _check_run(logdensity_fn, snapshot, start, rng_key, unravel, data_logdensity,
-                                           kernel, chain_data)
+                                           kernel, per_chain_data)
             report = check_fit(snapshot, draws, acceptance)
     if not report.fits:
         warnings.warn(f"{name}: warm_start not used: {report.reason}. {fallback}", WarmStartWarning, stacklevel=3)

@@ -90,7 +90,7 @@ from ._jax_run import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
 from ._jax_sharding import mesh_context, nested_rhat, shard_chains, superchain_positions
 from ._jax_snapshot import engine_snapshot, prepare_warm_start
-from ._jax_rmhmc import (DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMC_KNOBS, RMHMCInfo, build_rmhmc_engine, kernel_for,
+from ._jax_rmhmc import (DEFAULT_MAX_FIXED_POINT_ITERATIONS, RMHMC_KNOBS, build_rmhmc_engine, kernel_for,
                           transition_kernel)
 
 __all__ = [
@@ -549,10 +549,12 @@ def _warm_start(logdensity_fn, positions, options: dict, num_warmup: int, rng_ke
     cold = max(int(num_warmup), COLD_NUM_WARMUP)
     metric = options.get("metric")
     kernel = None if metric is None else kernel_for(metric, options)
+    chain_data = options.get("chain_data")  # chain c targets logdensity_fn(x, data_c)
+    per_chain = None if chain_data is None else (lambda data: (lambda x: logdensity_fn(x, data)), chain_data)
     snapshot, positions, _ = prepare_warm_start(
         logdensity_fn, positions, options["warm_start"], check_key, name=name, kernel=kernel,
-        metric="" if metric is None else metric_name(metric), chain_data=options.get("chain_data"),
-        fallback=f"Running the cold warm-up ({cold} iterations) instead.")
+        metric="" if metric is None else metric_name(metric), data_logdensity=per_chain,
+        per_chain_data=chain_data is not None, fallback=f"Running the cold warm-up ({cold} iterations) instead.")
     if snapshot is None:
         return {**options, "warm_start": None}, positions, cold, rng_key
     return {**options, "warm_start": snapshot}, positions, num_warmup, rng_key
