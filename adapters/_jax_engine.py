@@ -76,6 +76,7 @@ def build_engine(
     initial_step_size: float | None = _DEFAULT.warmup.initial_step_size,
     objective: str | Callable = _DEFAULT.reward.objective,
     divergence_penalty: float = _DEFAULT.reward.divergence_penalty,
+    divergence_retry: int | None = _DEFAULT.reward.divergence_retry,
     exploit_after_warmup: bool = _DEFAULT.schedule.exploit_after_warmup,
     schedule: str = _DEFAULT.schedule.schedule, k: int | None = _DEFAULT.schedule.k,
     decay: float = _DEFAULT.schedule.decay, freeze_after: int | str | None = _DEFAULT.schedule.freeze_after,
@@ -138,7 +139,7 @@ def build_engine(
     chain_kernel = build_chain_kernel(
         logdensity_fn, kernel=kernel, integrator=integrator, divergence_threshold=divergence_threshold,
         min_steps_fraction=min_steps_fraction, shared_num_steps=shared_num_steps,
-        sequential_chains=sequential_chains, by_trajectory=by_trajectory)
+        sequential_chains=sequential_chains, by_trajectory=by_trajectory, retry_factor=divergence_retry)
     warmup = _warmup_of(config, plan, recipe=recipe, use_center=use_center, compare_chains=chain_data is None,
                         user_num_steps=num_steps_bounds is not None, super_transitions=super_transitions)
     rounds = _rounds(tuner, space, box0, config, plan, round_end_fn=round_end_fn, super_transitions=super_transitions,
@@ -198,8 +199,10 @@ def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, ro
         warm_eps, warm_l, early = parts.warmup.parameters(state)
         eps, max_steps = jnp.where(in_metric_phase, warm_eps, arm_eps), jnp.where(in_metric_phase, warm_l, arm_l)
     data = () if parts.chain_data is None else (parts.chain_data,)
-    new, hmc_info, num_taken = parts.kernel.step(key_hmc, state, eps, max_steps,
-                                                 max_steps[0] if parts.config.pooled else None, data)
+    # no retries while dual averaging learns the step size from the divergences (the metric phase)
+    new, hmc_info, num_taken, retried = parts.kernel.step(key_hmc, state, eps, max_steps,
+                                                          max_steps[0] if parts.config.pooled else None, data,
+                                                          ~in_metric_phase)
     if sampling:  # the warm-up adaptation is done: its state carries over unchanged
         warm = WarmupState(state.step_size_adaptation, state.mass_matrix_adaptation, state.inverse_mass_matrix,
                            state.whitening, state.center, state.box, state.window)
@@ -208,7 +211,9 @@ def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, ro
     else:
         accept = jnp.nan_to_num(hmc_info.acceptance_rate, nan=0.0).astype(dtype)
         new, warm, lost, flat_new = parts.warmup.update(jax.random.fold_in(key_tuner, 1), state, new, accept, early)
-    stats = parts.rounds.add(state.round_stats, state.position, flat_new, num_taken, hmc_info,
+    # the tuner's divergence penalty counts the divergences a finer retry rescued: their arm is still too coarse
+    stats = parts.rounds.add(state.round_stats, state.position, flat_new, num_taken,
+                             hmc_info._replace(is_divergent=hmc_info.is_divergent | retried),
                              warm.inverse_mass_matrix, warm.whitening, warm.center)
     if not sampling:
         stats = jax.tree.map(lambda fresh, s: jnp.where(in_metric_phase, fresh, s),
@@ -222,7 +227,7 @@ def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, ro
         is_divergent=hmc_info.is_divergent, energy=hmc_info.energy, logdensity=new.logdensity,
         fixed_point_converged=getattr(hmc_info, "fixed_point_converged", jnp.ones((num_chains,), bool)),
         num_gradient_evals=getattr(hmc_info, "num_gradient_evals", num_taken).astype(jnp.int32),
-        restarted=lost, **round_info)
+        restarted=lost, retried=retried, **round_info)
     return new_state, info
 
 

@@ -73,7 +73,7 @@ class EngineInfo(NamedTuple):
 
     step_size              step size used
     num_steps              the arm's ``L`` (maximum number of leapfrog steps)
-    num_integration_steps  leapfrog steps taken (uniform on ``{1..L}``)
+    num_integration_steps  leapfrog steps taken (uniform on ``{1..L}``; a retry's included)
     acceptance_rate        Metropolis acceptance probability
     is_accepted            whether the proposal was accepted
     is_divergent           energy error above ``divergence_threshold``
@@ -88,6 +88,8 @@ class EngineInfo(NamedTuple):
     fixed_point_converged  RMHMC: every implicit solve converged (always True for HMC)
     num_gradient_evals     log-density gradients (+ metric evaluations for RMHMC) of the transition
     restarted              the chain was lost and restarted from another chain's position (warm-up checks)
+    retried                the trajectory diverged and the transition retried finer (``divergence_retry``);
+                           ``is_divergent`` is then whether the retry diverged too
     """
 
     step_size: Any
@@ -106,6 +108,7 @@ class EngineInfo(NamedTuple):
     fixed_point_converged: Any
     num_gradient_evals: Any
     restarted: Any
+    retried: Any
 
 
 class EngineConfig(NamedTuple):

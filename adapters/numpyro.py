@@ -60,7 +60,7 @@ class AdaptiveHMCState(NamedTuple):
     potential_energy   minus the log density at ``z``
     energy             total energy (potential + kinetic) of the state after the transition, as in
                        NumPyro's ``HMCState``: the proposal's if accepted, else the starting point's
-    num_steps          leapfrog steps taken this iteration (gradient evaluations)
+    num_steps          leapfrog steps taken this iteration (gradient evaluations), a retry's included
     accept_prob        Metropolis acceptance probability
     diverging          whether the transition diverged
     step_size          step size used
@@ -71,6 +71,8 @@ class AdaptiveHMCState(NamedTuple):
     arm_changed        whether the tuner moved the arm after this iteration
     adapt_probability  the annealed probability ``p_i`` in effect
     restarted          the chain was lost in warm-up and restarted from another chain's position
+    retried            the trajectory diverged and the transition retried with a finer step
+                       (``divergence_retry``); ``diverging`` is then whether the retry diverged too
     engine             the engine's state (tuner, mass matrix, round sums)
     rng_key            random key
     """
@@ -89,12 +91,13 @@ class AdaptiveHMCState(NamedTuple):
     arm_changed: Any
     adapt_probability: Any
     restarted: Any
+    retried: Any
     engine: EngineState
     rng_key: Any
 
 
 TUNER_FIELDS = ("step_size", "max_steps", "num_steps", "accept_prob", "reward", "tuning_round",
-                "arm_changed", "adapt_probability", "restarted", "potential_energy", "energy")
+                "arm_changed", "adapt_probability", "restarted", "retried", "potential_energy", "energy")
 
 
 class AdaptiveHMC(MCMCKernel):
@@ -325,7 +328,7 @@ class AdaptiveHMC(MCMCKernel):
             step_size=nan, max_steps=jnp.zeros(batch, jnp.int32), reward=nan,
             tuning_round=jnp.zeros(batch, jnp.int32), arm_changed=jnp.zeros(batch, bool),
             adapt_probability=jnp.ones(batch, engine_state.logdensity.dtype),
-            restarted=jnp.zeros(batch, bool), engine=engine_state,
+            restarted=jnp.zeros(batch, bool), retried=jnp.zeros(batch, bool), engine=engine_state,
             rng_key=rng_key, **self._extra_fields(None, batch, engine_state.logdensity.dtype),
         )
         return state if self._vectorized else _unbatch(state)
@@ -350,7 +353,8 @@ class AdaptiveHMC(MCMCKernel):
             potential_energy=-info.logdensity, energy=info.energy, num_steps=info.num_integration_steps,
             accept_prob=info.acceptance_rate, diverging=info.is_divergent, step_size=info.step_size,
             max_steps=info.num_steps, reward=info.reward, tuning_round=info.round, arm_changed=info.arm_changed,
-            adapt_probability=info.adapt_probability, restarted=info.restarted, engine=engine_state,
+            adapt_probability=info.adapt_probability, restarted=info.restarted, retried=info.retried,
+            engine=engine_state,
             rng_key=rng_key,
             **self._extra_fields(info, info.logdensity.shape, info.logdensity.dtype),
         )
@@ -410,6 +414,7 @@ class AdaptiveRMHMCState(NamedTuple):
     arm_changed: Any
     adapt_probability: Any
     restarted: Any
+    retried: Any
     engine: EngineState
     rng_key: Any
     fixed_point_converged: Any

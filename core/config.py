@@ -39,6 +39,7 @@ from .tuner import SCHEDULES as SCHEDULE_NAMES
 __all__ = ["Config", "SearchBoxConfig", "GPConfig", "ScheduleConfig", "WarmupConfig", "RewardConfig",
            "options_markdown"]
 
+DEFAULT_DIVERGENCE_RETRY = 8  # docs/decisions.md, "Divergences: a finer retry"
 PYMC_STEP_NOISE_VARIANCE = 0.5  # one chain's 10-iteration round (docs/decisions.md)
 POOLED_NOISE_VARIANCE = 0.1
 JUMP_ESTIMATES = ("trajectory", "transition")
@@ -215,7 +216,7 @@ class WarmupConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """How a round is scored."""
+    """How a round is scored, and what a divergence costs."""
 
     objective: str | Callable = _option(
         "normalized_esjd", "`\"normalized_esjd\"` (the paper's: mean squared whitened jump over `sqrt(L)`), "
@@ -226,6 +227,11 @@ class RewardConfig:
     jump_estimate: str | None = _option(
         None, "`\"trajectory\"`: each round's jump estimated from every leapfrog step; `\"transition\"`: the jumps "
               "made (the paper's). `None`: trajectory, except RMHMC (transition).")
+    divergence_retry: int | None = _option(
+        DEFAULT_DIVERGENCE_RETRY,
+        "After the metric phase, a divergent transition retries once from the same momentum with `eps / "
+        "divergence_retry` for as many times the steps (delayed rejection, exact; costs nothing without "
+        "divergences). `None`: off, the paper's. (docs/decisions.md, \"Divergences: a finer retry\").")
 
     def __post_init__(self):
         if isinstance(self.objective, str):
@@ -235,6 +241,10 @@ class RewardConfig:
         if not (isinstance(self.divergence_penalty, numbers.Real) and math.isfinite(self.divergence_penalty)
                 and self.divergence_penalty >= 0):
             raise ValueError(f"divergence_penalty must be a finite number >= 0; got {self.divergence_penalty!r}.")
+        retry = self.divergence_retry
+        if retry is not None and not (isinstance(retry, numbers.Integral) and not isinstance(retry, bool) and retry >= 2):
+            raise ValueError(f"divergence_retry must be a whole number >= 2 (the retry's step-size divisor) or "
+                             f"None (off); got {retry!r}.")
         if self.jump_estimate not in (None, *JUMP_ESTIMATES):
             raise ValueError(f"jump_estimate must be 'trajectory' (every leapfrog step) or 'transition' (the jumps "
                              f"made, the paper's); got {self.jump_estimate!r}.")
@@ -245,7 +255,7 @@ GROUPS = {"box": SearchBoxConfig, "gp": GPConfig, "schedule": ScheduleConfig, "w
 GROUP_TITLES = {"box": "Search box", "gp": "Gaussian process", "schedule": "Schedule", "warmup": "Warm-up",
                 "reward": "Reward"}
 PAPER_SETTINGS = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0,
-                  "min_steps_fraction": 0.0, "jump_estimate": "transition"}
+                  "min_steps_fraction": 0.0, "jump_estimate": "transition", "divergence_retry": None}
 
 
 def _group_of() -> dict[str, str]:

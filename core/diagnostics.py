@@ -64,6 +64,7 @@ ALIASES = {
     "step_size": ("step_size",),
     "acceptance": ("acceptance_rate", "accept_prob", "accept"),
     "divergent": ("is_divergent", "diverging"),
+    "retried": ("retried",),
     "reward": ("reward",),
     "round": ("round", "tuning_round"),
     "arm_changed": ("arm_changed",),
@@ -187,6 +188,7 @@ class IterationTrace(NamedTuple):
     arm_changed: np.ndarray
     adapt_probability: np.ndarray
     is_warmup: np.ndarray
+    is_retried: np.ndarray | None = None  # a divergent first try retried finer (None: not recorded)
 
 
 class TuningHistory(NamedTuple):
@@ -366,6 +368,7 @@ def tuning_history(stats: Mapping, *, config=None, names: Mapping | None = None,
         round=rounds, reward=reward, arm_changed=changed.astype(bool),
         adapt_probability=floats("adapt_probability", nan),
         is_warmup=np.zeros(shape, bool) if warm is None else np.asarray(warm).astype(bool),
+        is_retried=None if data["retried"] is None else data["retried"].astype(bool),
     )
     arm = None if data["arm"] is None else data["arm"].astype(np.int64)
 
@@ -823,8 +826,9 @@ def tuning_summary(history: TuningHistory, *, max_arms: int | None = None) -> st
         mask = _phase_mask(history, chains)
         phase = "sampling" if history.warmup_known and (~trace.is_warmup[list(chains)]).any() else "GP phase"
         divergent, draws = int(np.sum(trace.is_divergent[list(chains)][mask])), int(mask.sum())
+        retried = "" if trace.is_retried is None else f", retried finer {int(np.sum(trace.is_retried[list(chains)][mask]))}"
         lines.append(f"{indent}{phase}: acceptance {_mean(trace.acceptance[list(chains)][mask]):.2f}, "
-                     f"divergences {divergent} of {draws} ({100 * divergent / max(draws, 1):.1f}%)")
+                     f"divergences {divergent} of {draws} ({100 * divergent / max(draws, 1):.1f}%){retried}")
         order = np.flatnonzero(arms.tuner == t)
         order = order[np.argsort(-arms.share[order], kind="stable")]
         lines.append(f"{indent}  step_size      L   share  rounds   reward  accept  diverged")

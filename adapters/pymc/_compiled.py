@@ -54,7 +54,7 @@ __all__ = ["sample_numpyro_ahmc", "jax_logdensity"]
 #: NumPyro kernel field -> PyMC sample-stat name (as PyMC's step methods and ``sample_numpyro_nuts`` name them).
 STAT_NAMES = {"num_steps": "n_steps", "accept_prob": "acceptance_rate", "diverging": "diverging",
               "step_size": "step_size", "max_steps": "max_steps", "reward": "reward", "tuning_round": "tuning_round",
-              "arm_changed": "arm_changed", "adapt_probability": "adapt_probability", "restarted": "restarted",
+              "arm_changed": "arm_changed", "adapt_probability": "adapt_probability", "restarted": "restarted", "retried": "retried",
               "energy": "energy", "fixed_point_converged": "fixed_point_converged",
               "num_gradient_evals": "n_grad_evals"}
 EXTRA_FIELDS = ("diverging",) + TUNER_FIELDS

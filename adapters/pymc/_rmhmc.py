@@ -400,6 +400,7 @@ class AdaptiveRMHMC(AdaptiveHMC):
         self.integrator = _GeneralizedLeapfrogIntegrator(evaluate, self.fixed_point_tolerance,
                                                          self.max_fixed_point_iterations, _samples_every_variable(self))
         self._riemann = True
+        self._divergence_retry = None  # the metric adapts to the curvature (and the JAX RMHMC has no retry either)
 
     def _warm_metric_name(self) -> str:
         """A warm start's snapshot must be of this metric: its step sizes are in the metric's units."""

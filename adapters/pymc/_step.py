@@ -42,6 +42,7 @@ from ahmc.core.objectives import (NONFINITE_REWARD_MESSAGE, get_objective,
 from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, fisher_diagonal, prefers_dense,
                                    rescale_diagonal, rescue_unexplored, resolve_metric_recipe, shrink_correlations)
 from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction, min_num_steps
+from ahmc.core.retry import retry_log_acceptance
 from ahmc.core.tuner import adapt_probability
 from ahmc.core.schedule import automatic_box, plan_warmup, stan_schedule, steps_for
 from ahmc.core import Config, gp_ucb, search_space
@@ -66,12 +67,13 @@ __all__ = ["AdaptiveHMC", "STATS"]
 STATS = (
     ("step_size", np.float64, [], "step size eps used in this iteration"),
     ("step_size_bar", np.float64, [], "PyMC's dual-averaged step size (moves in warm-up only)"),
-    ("n_steps", np.int64, [], "leapfrog steps (gradient evaluations) taken"),
+    ("n_steps", np.int64, [], "leapfrog steps (gradient evaluations) taken, a retry's included"),
     ("max_steps", np.int64, [], "L of the arm: n_steps is uniform on {lowest..max_steps}, lowest = "
                                 "max(1, ceil(min_steps_fraction * max_steps)) (1 by default)"),
     ("acceptance_rate", np.float64, [], "Metropolis acceptance probability (PyMC NUTS's name)"),
     ("accepted", np.float64, [], "1.0 if the proposal was accepted (float, like Metropolis)"),
-    ("diverging", bool, [], "the trajectory diverged"),
+    ("diverging", bool, [], "the trajectory diverged (after a retry: the retry did too)"),
+    ("retried", bool, [], "the trajectory diverged and the transition retried finer (divergence_retry)"),
     ("divergences", np.int64, [], "divergences after tune so far"),
     ("energy_error", np.float64, [], "H(end of trajectory) - H(start)"),
     ("energy", np.float64, [], "Hamiltonian at the returned draw"),
@@ -373,7 +375,7 @@ _PYMC_OPTIONS = ("step_size_bounds", "num_steps_bounds", "round_length", "object
                  "metric_fraction", "step_size_factors", "max_integration_time", "warmup_integration_time",
                  "num_steps_cap", "num_step_sizes", "exploit_after_warmup", "capacity", "lengthscale",
                  "noise_variance", "alpha", "delta", "min_steps_fraction", "dense_mass", "log_step_size",
-                 "warm_start_weight")
+                 "warm_start_weight", "divergence_retry")
 
 
 # Config options of the JAX routes only: refused here rather than ignored.
@@ -428,6 +430,10 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
     divergence_penalty : float
         The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the round's
         fraction of divergent transitions (default 10; 0 = the paper's reward).
+    divergence_retry : int or None
+        In the rounds, a divergent trajectory retries once from the same momentum with the step size
+        divided by this (default 8) for as many times the steps; the retry is accepted by delayed
+        rejection (exact), so a chain in a funnel's neck moves instead of staying put.  ``None``: off.
     jump_estimate : {"trajectory", "transition"}
         How a round's mean squared jump (the reward's numerator) is measured.  ``"transition"``:
         the jumps the chain made (the paper).  ``"trajectory"`` (default): estimated from every
@@ -526,7 +532,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
          decay, freeze_after, adapt_mass_matrix, initial_step_size, metric_fraction, step_size_factors,
          max_integration_time, warmup_integration_time, num_steps_cap, num_step_sizes, exploit_after_warmup,
          capacity, lengthscale, noise_variance, alpha, delta, min_steps_fraction, dense_mass,
-         log_step_size, warm_start_weight) = _pymc_tuning(tuning, kwargs, type(self).__name__)
+         log_step_size, warm_start_weight, divergence_retry) = _pymc_tuning(tuning, kwargs, type(self).__name__)
         _check_step_options(type(self), kwargs)
         if not isinstance(pooled, (bool, np.bool_)):
             raise ValueError(f"pooled must be True or False; got {pooled!r}.")
@@ -549,6 +555,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
                                    alpha=alpha, delta=delta, schedule=schedule, decay=decay)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
         self._objective = get_objective(objective, divergence_penalty)
+        self._divergence_retry, self._retried = divergence_retry, False
         # A built-in objective takes the round's sums in Python numbers (cheap); a user callable gets arrays.
         self._objective_takes_numbers = isinstance(objective, str)
         if jump_estimate not in ("trajectory", "transition"):
@@ -815,7 +822,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         else:
             center = self.potential._foreground_var.mean if self._uses_center else None
         round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["acceptance_rate"],
-                                   stats["diverging"], scale, center)
+                                   stats["diverging"] or self._retried, scale, center)
         out = self._round_settings()[4]  # copied by the caller's stats.update
         if self._step_values is not None:
             if self._step_jumps is None:
@@ -868,20 +875,42 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         # tuned box: the guard costs 2-4 us per iteration, about 2% of one on a cheap model.
         guard = self.tune
         with np.errstate(over="ignore", invalid="ignore") if guard else contextlib.nullcontext():
-            end, accepted, accept, div_info, energy_change, taken = self._integrate(start, step_size, n_steps,
-                                                                                    trajectory, guard)
+            end, div_info, energy_change, taken = self._integrate(start, step_size, n_steps, trajectory, guard)
+            accept = 1.0 if energy_change <= 0 else float(np.exp(-energy_change))
+            accepted = div_info is None and self.rng.random() < accept
+            # the round's divergence penalty counts a divergence the retry rescued: the arm is still too coarse
+            self._retried = div_info is not None and self._arm is not None and self._divergence_retry is not None
+            if self._retried:
+                end, accepted, div_info, extra = self._retry(start, step_size, n_steps, guard)
+                taken += extra
+            elif not accepted:
+                end = start
             if isinstance(self.integrator, _LeapfrogReusingStart):
                 self.integrator.previous_end = end  # the next iteration starts here
             self._step_values = None if trajectory is None else self._trajectory_values(start, trajectory, n_steps)
         self._used = {"step_size": float(step_size), "max_steps": int(max_steps)}
         stats = {"n_steps": taken, "acceptance_rate": accept, "accepted": float(accepted), "energy_error": energy_change,
-                 "energy": end.energy, "model_logp": end.model_logp}
+                 "energy": end.energy, "model_logp": end.model_logp, "retried": self._retried}
         return HMCStepData(end, accept, div_info, stats)
 
+    def _retry(self, start, step_size, n_steps, guard):
+        """After a divergence in the rounds, one finer try from the same momentum, accepted by delayed
+        rejection (:mod:`ahmc.core.retry`): ``(end, accepted, divergence info or None, leapfrog steps)``."""
+        factor = self._divergence_retry
+        fine, div_info, _, taken = self._integrate(start, step_size / factor, factor * n_steps, None, guard)
+        if div_info is not None:
+            return start, False, div_info, taken
+        flipped = fine._replace(p=-fine.p, v=-fine.v)
+        _, ghost_diverges, _, ghost_taken = self._integrate(flipped, step_size, n_steps, None, guard)
+        # this step never accepts a divergent trajectory: both first tries' acceptances are 0
+        log_ratio = retry_log_acceptance(float(start.energy), float(fine.energy), ghost_diverges is not None, 0.0, 0.0)
+        accepted = math.log(self.rng.random()) < log_ratio
+        return (fine if accepted else start), accepted, None, taken + ghost_taken
+
     def _integrate(self, start, step_size, n_steps, trajectory, guard):
-        """``n_steps`` leapfrog steps from ``start`` and the Metropolis decision: ``(end, accepted,
-        acceptance probability, divergence info or None, energy error, steps taken)``; appends each
-        state to ``trajectory`` unless it is None; ``guard``: stop a blown-up trajectory early."""
+        """``n_steps`` leapfrog steps from ``start``: ``(end, divergence info or None, energy error, steps
+        taken)``; appends each state to ``trajectory`` unless it is None; ``guard``: stop a blown-up
+        trajectory early."""
         state = last = start
         div_info, energy_change, taken = None, np.inf, 0
         energy_low = energy_high = float(start.energy)
@@ -917,9 +946,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
             elif energy_change > self.Emax:
                 message = f"Divergence encountered, energy change larger than {self.Emax}."
                 div_info = DivergenceInfo(message, None, last, state)
-        accept = 1.0 if energy_change <= 0 else float(np.exp(-energy_change))
-        accepted = div_info is None and self.rng.random() < accept
-        return (state if accepted else start), accepted, accept, div_info, energy_change, taken
+        return state, div_info, energy_change, taken
 
     def _trajectory_values(self, start, trajectory, n_steps):
         """Per leapfrog step ``l``: acceptance probability had the trajectory stopped there times the

@@ -57,6 +57,8 @@ BAD = [
      r"num_steps_bounds must be a pair of whole numbers.*\(2\.9, 6\.2\)"),
     ({"step_size_bounds": (0.1, 1.0), "num_steps_bounds": (0.5, 10)},
      r"num_steps_bounds must be a pair of whole numbers.*\(0\.5, 10\)"),
+    ({"divergence_retry": 1}, r"divergence_retry must be a whole number >= 2 .* or None \(off\); got 1"),
+    ({"divergence_retry": 2.5}, r"divergence_retry must be a whole number >= 2 .*; got 2\.5"),
 ]
 
 

@@ -53,7 +53,7 @@ def test_paper_preset_is_algorithm_2_as_published():
     assert config.box.step_size_bounds == (0.01, 0.2) and config.box.num_steps_bounds == (1, 50)
     assert config.box.log_step_size is False and config.warmup.adapt_mass_matrix is False
     assert config.schedule.k == 100 and config.reward.divergence_penalty == 0.0
-    assert config.reward.jump_estimate == "transition"
+    assert config.reward.jump_estimate == "transition" and config.reward.divergence_retry is None
 
 
 def test_noise_variance_default_follows_the_route():
