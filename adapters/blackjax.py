@@ -80,11 +80,12 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from ahmc.core import TunerState
-from ahmc.core.config import PAPER_SETTINGS
+from ahmc.core.config import DEFAULT_DIVERGENCE_RETRY, PAPER_SETTINGS, Config
 from ahmc.core.snapshot import TuningSnapshot, metric_name
 from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, build_engine
+from ._jax_kernel import Retry, trajectory_proposal
 from ._jax_run import _chain_data, _scan, compiled_init
 from ._jax_run import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
@@ -156,6 +157,7 @@ def uniform_steps_hmc(
     min_steps_fraction: float = 0.0,
     *,
     metric: Any = None,
+    divergence_retry: int | None = DEFAULT_DIVERGENCE_RETRY,
     **kwargs,
 ) -> SamplingAlgorithm:
     """HMC drawing its number of leapfrog steps uniformly from ``{1..num_integration_steps}``.
@@ -166,7 +168,9 @@ def uniform_steps_hmc(
     ``parameters`` carry the ``f`` it ran with).  Built on ``blackjax.dynamic_hmc``;
     ``init(position, rng_key)`` needs a key (it seeds the step-count draws).
     ``kwargs`` go to ``blackjax.dynamic_hmc`` (``integrator``,
-    ``divergence_threshold``).
+    ``divergence_threshold``).  A divergent transition retries at ``step_size / divergence_retry``, as in
+    the adaptation's rounds (``None``: off; docs/algorithm.md): ``info`` is then ahmc's trajectory info
+    (BlackJAX's ``HMCInfo`` fields, with ``retried``; ``num_integration_steps`` counts the retry's steps).
 
     With ``metric=`` (see the module docstring) it is Riemann-manifold HMC, for one chain:
     ``init(position) -> HMCState``, ``step(rng_key, state) -> (HMCState, RMHMCInfo)``; there is no
@@ -193,6 +197,10 @@ def uniform_steps_hmc(
         raise ValueError("uniform_steps_hmc needs inverse_mass_matrix (the adaptation's parameters give it), or "
                          "metric= for Riemann-manifold HMC.")
     fraction = check_min_steps_fraction(min_steps_fraction)
+    Config().replace(divergence_retry=divergence_retry)  # checked as every route checks it
+    if divergence_retry is not None:  # the adaptation's proposal loop, its per-step sums unused (one bin)
+        kwargs["build_proposal"] = trajectory_proposal(lambda dx: dx, jnp.zeros(1), jnp.zeros(1, jnp.int32),
+                                                       retry=Retry(int(divergence_retry), True, None))
 
     def integration_steps_fn(random_generator_arg, max_num_steps):
         lowest = min_num_steps(max_num_steps, fraction, jnp)

@@ -929,3 +929,17 @@ def test_refit_study_warm_starts_rmhmc_through_the_public_api(monkeypatch, jax_x
     warm = refit.run(new, 0, 100, warm_start=snapshot, metric="softabs")
     assert not warm["fell_back"] and warm["grads"]["warmup"] < 0.5 * cold["grads"]["warmup"]
     assert warm["rhat"] < 1.1 and cold["rhat"] < 1.1
+
+
+@pytest.mark.slow  # seven NumPyro runs, ~60 s
+def test_hard_geometry_study_reports_every_sampler_against_the_truth(capsys, jax_x64):
+    """The study behind docs/decisions.md, "Divergences: a finer retry", through the public APIs: one row per
+    sampler, and the funnel's retry run reaches the neck that NUTS misses (its mean of v is nearer 0)."""
+    from benchmarks import hard_geometry
+
+    hard_geometry.main(["--seeds", "0", "--routes", "numpyro"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| numpyro")]
+    assert [row.split(" | ")[1:3] for row in rows] == [["funnel", s] for s in ("ahmc", "ahmc_no_retry", "nuts")] + [
+        ["eight_schools_centered", s] for s in ("ahmc", "ahmc_no_retry", "nuts")]
+    rmse = {tuple(row.split(" | ")[1:3]): float(row.split(" | ")[6].split()[0]) for row in rows}
+    assert rmse[("funnel", "ahmc")] < rmse[("funnel", "nuts")]

@@ -153,3 +153,25 @@ def test_numpyro_reports_retries_and_counts_their_gradients():
     assert np.all(steps[retried] % 10 == 0) and np.all(steps[retried] >= 10)
     assert np.all(steps[~retried] <= fields[8]["max_steps"][~retried])
     assert not fields[None]["retried"].any() and fields[None]["diverging"][:, 200:].sum() >= 5
+
+
+def test_the_fixed_kernel_after_the_adaptation_retries_too():
+    """``uniform_steps_hmc`` (BlackJAX's ``dynamic_hmc`` with ahmc's proposal loop) keeps the target the same
+    way, one chain per state under ``jax.vmap``, and reports its retries."""
+    from ahmc.adapters.blackjax import uniform_steps_hmc
+
+    kernel = uniform_steps_hmc(funnel, step_size=1.2, inverse_mass_matrix=jnp.ones(2), num_integration_steps=6)
+    key = jax.random.key(3)
+    positions = exact_draws(jax.random.fold_in(key, 1), NUM_CHAINS)
+    states = jax.vmap(kernel.init)(positions, jax.random.split(jax.random.fold_in(key, 2), NUM_CHAINS))
+    step = jax.jit(jax.vmap(kernel.step))
+    retried = 0
+    for k in jax.random.split(jax.random.fold_in(key, 3), 20):
+        states, info = step(jax.random.split(k, NUM_CHAINS), states)
+        retried += int(np.sum(info.retried))
+    assert retried > 0.1 * NUM_CHAINS * 20
+    draws = np.asarray(states.position)
+    assert max(abs(z) for z in z_scores(draws)) < 4.5, z_scores(draws)
+    with pytest.raises(ValueError, match="divergence_retry must be a whole number >= 2"):
+        uniform_steps_hmc(funnel, step_size=1.2, inverse_mass_matrix=jnp.ones(2), num_integration_steps=6,
+                          divergence_retry=1)
