@@ -32,20 +32,15 @@ def log_tau_truth(num_samples: int = 20000) -> tuple[float, float]:
     """Mean and sd of eight schools' ``log tau``, from NumPyro's NUTS on the non-centered model (the same
     posterior without the neck: 4 chains x 20000 draws; posteriordb's reference draws give 0.81 and 1.17)."""
     import jax
-    import numpyro
-    import numpyro.distributions as dist
     from numpyro.infer import MCMC, NUTS
 
-    def eight_schools_noncentered(y, sigma):
-        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-        tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
-        with numpyro.plate("school", len(y)):
-            theta_trans = numpyro.sample("theta_trans", dist.Normal(0.0, 1.0))
-            numpyro.sample("obs", dist.Normal(mu + tau * theta_trans, sigma), obs=y)
+    from .posteriordb import POSTERIORS, load_data
 
+    posterior, builder = POSTERIORS["eight_schools"]
+    eight_schools_noncentered = builder(load_data(posterior))  # posteriordb's data: the same y and sigma
     mcmc = MCMC(NUTS(eight_schools_noncentered, target_accept_prob=0.95), num_warmup=1000,
                 num_samples=num_samples, num_chains=NUM_CHAINS, chain_method="vectorized", progress_bar=False)
-    mcmc.run(jax.random.key(2013), EIGHT_Y, EIGHT_SIGMA)
+    mcmc.run(jax.random.key(2013))
     log_tau = np.log(np.asarray(mcmc.get_samples()["tau"]))
     return float(log_tau.mean()), float(log_tau.std())
 
