@@ -735,9 +735,11 @@ def tuning_warnings(history: TuningHistory) -> list[str]:
         elif accept > HIGH_ACCEPTANCE:
             out.append(f"{who}acceptance {accept:.3f} is near 1: the step sizes are smaller than they need to be. "
                        "Widen the step-size box upwards (step_size_bounds / step_size_factors).")
-        divergent = float(np.mean(history.trace.is_divergent[list(chains)][mask])) if mask.any() else 0.0
-        if divergent > MAX_DIVERGENT:
-            out.append(f"{who}{100 * divergent:.1f}% of transitions diverged: the step sizes are too large in some "
+        divergent, first_try, rescued = _divergent_shares(history.trace, list(chains), mask)
+        if first_try > MAX_DIVERGENT:
+            # a retry that rescues the transition (divergence_retry) does not make the region easy: still say so
+            after = f" ({100 * divergent:.1f}% still did after a finer retry)" if rescued else ""
+            out.append(f"{who}{100 * first_try:.1f}% of transitions diverged{after}: the step sizes are too large in some "
                        "region. Lower the step-size box, more warm-up, or reparameterize the model (non-centred). "
                        "Where the posterior's scale changes with position (a funnel, a centred hierarchy), try the "
                        "Riemannian route, AdaptiveRMHMC(metric=\"fisher\") (docs/rmhmc.md), whose metric follows it.")
@@ -745,6 +747,18 @@ def tuning_warnings(history: TuningHistory) -> list[str]:
             out.extend(who + message for message in _edge_warnings(history, t))
     slow = _slow_exploration(history)
     return out + ([slow] if slow else [])
+
+
+def _divergent_shares(trace: IterationTrace, chains: list, mask) -> tuple[float, float, bool]:
+    """Shares of the masked transitions that diverged (after any retry), whose first try diverged (retried
+    or not), and whether retries were recorded at all."""
+    if not mask.any():
+        return 0.0, 0.0, False
+    divergent = trace.is_divergent[chains][mask]
+    if trace.is_retried is None:
+        return float(np.mean(divergent)), float(np.mean(divergent)), False
+    first_try = divergent | trace.is_retried[chains][mask]
+    return float(np.mean(divergent)), float(np.mean(first_try)), True
 
 
 def _slow_exploration(history: TuningHistory) -> str | None:

@@ -210,6 +210,22 @@ def test_acceptance_and_divergence_warnings():
     assert any("near 1" in w for w in tuning_warnings(tuning_history(stats, config=config)))
 
 
+def test_divergences_rescued_by_the_retry_still_warn():
+    """With divergence_retry, a transition whose first try diverged and whose finer retry did not is recorded as
+    retried, not diverging: the warning still counts it (the region is still hard), and says so."""
+    stats, *_, config = simulate(divergence=lambda eps: 0.2)
+    plain = [w for w in tuning_warnings(tuning_history(stats, config=config)) if "diverged" in w]
+    first_try = np.asarray(stats["diverging"], bool)
+    rescued = {**stats, "diverging": np.zeros_like(first_try), "retried": first_try}  # every retry rescued
+    warned = [w for w in tuning_warnings(tuning_history(rescued, config=config)) if "diverged" in w]
+    share = plain[0].split("% of transitions")[0]
+    assert len(plain) == len(warned) == 1 and warned[0].startswith(share + "% of transitions diverged (0.0% still")
+    summary = tuning_summary(tuning_history(stats, config=config))
+    divergences = summary.split("divergences ")[1].split(" of ")[0]
+    assert "divergences 0 of" in tuning_summary(tuning_history(rescued, config=config))
+    assert f"retried finer {divergences}" in tuning_summary(tuning_history(rescued, config=config))
+
+
 def test_too_little_warm_up_and_missing_warm_up_are_reported(run):
     stats, *_, config = simulate(warmup_rounds=4, num_rounds=20)
     assert any("only 4 GP rounds in warm-up" in w for w in tuning_warnings(tuning_history(stats, config=config)))
