@@ -821,8 +821,9 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
             previous, position = whiten(previous), whiten(position)
         else:
             center = self.potential._foreground_var.mean if self._uses_center else None
+        # the divergence penalty counts a divergence the retry rescued: the arm is still too coarse there
         round_stats = round_update(self._round_stats, previous, position, stats["n_steps"], stats["acceptance_rate"],
-                                   stats["diverging"] or self._retried, scale, center)
+                                   stats["diverging"] or stats["retried"], scale, center)
         out = self._round_settings()[4]  # copied by the caller's stats.update
         if self._step_values is not None:
             if self._step_jumps is None:
@@ -878,7 +879,6 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
             end, div_info, energy_change, taken = self._integrate(start, step_size, n_steps, trajectory, guard)
             accept = 1.0 if energy_change <= 0 else float(np.exp(-energy_change))
             accepted = div_info is None and self.rng.random() < accept
-            # the round's divergence penalty counts a divergence the retry rescued: the arm is still too coarse
             self._retried = div_info is not None and self._arm is not None and self._divergence_retry is not None
             if self._retried:
                 end, accepted, div_info, extra = self._retry(start, step_size, n_steps, guard)
