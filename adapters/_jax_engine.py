@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -38,17 +38,16 @@ import blackjax.mcmc.integrators as integrators
 
 from ahmc.core.mass_matrix import resolve_metric_recipe
 from ahmc.core.objectives import needs_center
-from ahmc.core.schedule import WarmupPlan, warmup_num_steps
-from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction
+from ahmc.core.space import check_min_steps_fraction
 
-from ._jax_kernel import ChainKernel, build_chain_kernel
-from ._jax_rounds import Rounds, advance_round
+from ._jax_kernel import build_chain_kernel
+from ._jax_rounds import advance_round
 from ._jax_scan import scan_draws
 from ._jax_setup import (_DEFAULT, _check_options, _checked_plan, _gp_tuner, _rounds, _search_setup, _tuner_prior,
                          _warm_metric, _warmup_of, with_config)
-from ._jax_state import initial_state
-from ._jax_types import Engine, EngineConfig, EngineInfo, EngineState, SearchBox, WindowStats
-from ._jax_warmup import Warmup, WarmupState
+from ._jax_state import current_parameters, initial_state
+from ._jax_types import Engine, EngineConfig, EngineInfo, EngineParts, EngineState, SearchBox, WindowStats
+from ._jax_warmup import WarmupState
 
 __all__ = ["EngineConfig", "EngineState", "EngineInfo", "SearchBox", "WindowStats", "Engine", "build_engine"]
 
@@ -144,7 +143,7 @@ def build_engine(
                         user_num_steps=num_steps_bounds is not None, super_transitions=super_transitions)
     rounds = _rounds(tuner, space, box0, config, plan, round_end_fn=round_end_fn, super_transitions=super_transitions,
                      exploit_after_warmup=exploit_after_warmup)
-    parts = _Parts(
+    parts = EngineParts(
         config=config, logdensity_fn=logdensity_fn, chain_data=chain_data, plan=plan, kernel=chain_kernel,
         warmup=warmup, rounds=rounds, tuner=tuner, box0=box0, inverse_mass_matrix=inverse_mass_matrix,
         dense_mass=dense_mass, initial_step_size=1.0 if initial_step_size is None else initial_step_size,
@@ -152,34 +151,11 @@ def build_engine(
         round_end_state=round_end_state, super_transitions=super_transitions,
         buffer_length=int(super_transitions) if super_transitions else int(round_length), tuner_prior=tuner_prior)
     step = partial(_step, parts)
-    return Engine(init=partial(initial_state, parts), step=step, parameters=partial(_parameters, parts),
+    return Engine(init=partial(initial_state, parts), step=step, parameters=partial(current_parameters, parts),
                   tuner=tuner, config=config, scan_draws=partial(scan_draws, parts, step))
 
 
-class _Parts(NamedTuple):
-    """What :func:`build_engine` resolved and built (static): the engine's functions take it first."""
-
-    config: EngineConfig
-    logdensity_fn: Callable
-    chain_data: Any
-    plan: WarmupPlan
-    kernel: ChainKernel
-    warmup: Warmup
-    rounds: Rounds
-    tuner: Any
-    box0: tuple
-    inverse_mass_matrix: Any
-    dense_mass: Any
-    initial_step_size: float
-    use_center: bool
-    round_end_fn: Callable | None
-    round_end_state: Any
-    super_transitions: int | None
-    buffer_length: int
-    tuner_prior: Any = None  # a NumPy TunerState holding a warm start's GP evidence
-
-
-def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, round_end: str = "cond"):
+def _step(parts: EngineParts, rng_key, state: EngineState, sampling: bool = False, round_end: str = "cond"):
     """One iteration of every chain: ``(state, info)``.
 
     Both extra arguments are static and change only the cost, never the result, when the caller's promise
@@ -229,22 +205,3 @@ def _step(parts: _Parts, rng_key, state: EngineState, sampling: bool = False, ro
         num_gradient_evals=getattr(hmc_info, "num_gradient_evals", num_taken).astype(jnp.int32),
         restarted=lost, retried=retried, **round_info)
     return new_state, info
-
-
-def _parameters(parts: _Parts, state: EngineState) -> dict:
-    """Current sampler parameters: the arm's (per chain when not pooled); in the metric phase the DA ones."""
-    if parts.config.pooled:
-        eps, steps = parts.rounds.arm(state.tuner, state.box)
-    else:
-        eps, steps = parts.rounds.chain_arms(state.tuner, state.box, state.logdensity.shape[0])
-    config = parts.config
-    in_metric_phase = state.iteration < config.metric_phase_length
-    warm_eps = jnp.exp(state.step_size_adaptation.log_step_size_avg).astype(eps.dtype)
-    warm_l = warmup_num_steps(warm_eps, config.warmup_integration_time, min(config.num_steps_cap, WARMUP_MAX_STEPS),
-                              jnp)
-    return {
-        "step_size": jnp.where(in_metric_phase, warm_eps, eps),
-        "inverse_mass_matrix": state.inverse_mass_matrix,
-        "num_integration_steps": jnp.where(in_metric_phase, warm_l, steps),
-        "min_steps_fraction": config.min_steps_fraction,  # the jitter the arm was tuned with
-    }

@@ -1,7 +1,8 @@
 """The JAX engine's initial state: the chains' densities, metric, tuner, box and first step size.
 
 :func:`initial_state` is :func:`ahmc.adapters._jax_engine.build_engine`'s ``init`` (bound to the engine's
-resolved parts); it checks the start's density before anything else."""
+resolved parts); it checks the start's density before anything else.  :func:`current_parameters` is its
+``parameters``."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from jax.flatten_util import ravel_pytree
 import blackjax.mcmc.hmc as hmc
 from blackjax.adaptation.step_size import find_reasonable_step_size
 
+from ahmc.core.schedule import warmup_num_steps
+from ahmc.core.space import WARMUP_MAX_STEPS
+
 from ._jax_kernel import inverse_cholesky
 from ._jax_setup import _check_finite, _check_positions, _initial_metric
 from ._jax_types import EngineState, SearchBox
 
-__all__ = ["initial_state"]
+__all__ = ["initial_state", "current_parameters"]
 
 
 def initial_state(parts: Any, positions, rng_key=None) -> EngineState:
@@ -76,3 +80,22 @@ def _round_buffers(parts: Any, positions, tuner_state, box, rng_key) -> dict:
     if parts.use_center:  # replaced at every mass-matrix window's end, before the GP starts
         extra["center"] = jnp.mean(jax.vmap(lambda p: ravel_pytree(p)[0])(positions), axis=0)
     return extra
+
+
+def current_parameters(parts: Any, state: EngineState) -> dict:
+    """Current sampler parameters: the arm's (per chain when not pooled); in the metric phase the DA ones."""
+    if parts.config.pooled:
+        eps, steps = parts.rounds.arm(state.tuner, state.box)
+    else:
+        eps, steps = parts.rounds.chain_arms(state.tuner, state.box, state.logdensity.shape[0])
+    config = parts.config
+    in_metric_phase = state.iteration < config.metric_phase_length
+    warm_eps = jnp.exp(state.step_size_adaptation.log_step_size_avg).astype(eps.dtype)
+    warm_l = warmup_num_steps(warm_eps, config.warmup_integration_time, min(config.num_steps_cap, WARMUP_MAX_STEPS),
+                              jnp)
+    return {
+        "step_size": jnp.where(in_metric_phase, warm_eps, eps),
+        "inverse_mass_matrix": state.inverse_mass_matrix,
+        "num_integration_steps": jnp.where(in_metric_phase, warm_l, steps),
+        "min_steps_fraction": config.min_steps_fraction,  # the jitter the arm was tuned with
+    }

@@ -8,7 +8,7 @@ from ahmc.core import RoundStats, TunerState
 
 from ._jax_warmup import SearchBox, WindowStats
 
-__all__ = ["EngineState", "EngineInfo", "EngineConfig", "Engine", "SearchBox", "WindowStats"]
+__all__ = ["EngineState", "EngineInfo", "EngineConfig", "Engine", "EngineParts", "SearchBox", "WindowStats"]
 
 
 class EngineState(NamedTuple):
@@ -154,3 +154,27 @@ class Engine(NamedTuple):
     config: EngineConfig
     scan_draws: Callable | None = None
     options: dict | None = None  # the tuning options the user set (a snapshot keeps them)
+
+
+class EngineParts(NamedTuple):
+    """What :func:`ahmc.adapters._jax_engine.build_engine` resolved and built (static): the engine's functions
+    (``step``, ``init``, ``parameters``, ``scan_draws``) take it first."""
+
+    config: EngineConfig
+    logdensity_fn: Callable
+    chain_data: Any
+    plan: Any  # ahmc.core.schedule.WarmupPlan
+    kernel: Any  # _jax_kernel.ChainKernel: the chains' transition
+    warmup: Any  # _jax_warmup.Warmup: the warm-up adaptation
+    rounds: Any  # _jax_rounds.Rounds: the GP-UCB rounds
+    tuner: Any
+    box0: tuple
+    inverse_mass_matrix: Any
+    dense_mass: Any
+    initial_step_size: float
+    use_center: bool
+    round_end_fn: Callable | None
+    round_end_state: Any
+    super_transitions: int | None
+    buffer_length: int
+    tuner_prior: Any = None  # a NumPy TunerState holding a warm start's GP evidence
