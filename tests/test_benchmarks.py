@@ -943,3 +943,12 @@ def test_hard_geometry_study_reports_every_sampler_against_the_truth(capsys, jax
         ["eight_schools_centered", s] for s in ("ahmc", "ahmc_no_retry", "nuts")]
     rmse = {tuple(row.split(" | ")[1:3]): float(row.split(" | ")[6].split()[0]) for row in rows}
     assert rmse[("funnel", "ahmc")] < rmse[("funnel", "nuts")]
+
+
+def test_pytensor_first_use_is_paid_before_any_pymc_sampler_is_timed():
+    """PyTensor's first compilation in a process is not charged to the first PyMC sampler: the run pays
+    it up front, and only when a PyMC sampler runs (a JAX-only run does not import PyMC for it)."""
+    from benchmarks.run import warm_up_pytensor
+
+    assert warm_up_pytensor(["ahmc_numpyro", "numpyro_nuts"]) == 0.0
+    assert warm_up_pytensor(["ahmc_numpyro", "ahmc_pymc"]) > 0.0

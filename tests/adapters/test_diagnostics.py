@@ -251,7 +251,8 @@ def test_datatree_history_reads_the_posterior_correlation(numpyro_run):
     config = config_from_numpyro(mcmc)
     assert config.dense_mass is False
     weak = history_from_datatree(tree, config=config)  # mu and sigma of a normal: nearly uncorrelated
-    assert abs(weak.strongest_correlation[0]) < 0.5 and "Hint:" not in tuning_summary(weak)
+    # (other hints, e.g. about an L = 1 arm, depend on the run, not on the correlation)
+    assert abs(weak.strongest_correlation[0]) < 0.5 and "Hint: posterior correlation" not in tuning_summary(weak)
     rng = np.random.default_rng(0)
     z = rng.normal(size=(2, 100, 2))
     beta = np.stack([z[..., 0], z[..., 0] + 0.1 * z[..., 1]], axis=-1)
@@ -262,7 +263,7 @@ def test_datatree_history_reads_the_posterior_correlation(numpyro_run):
     assert strong.strongest_correlation[1:] == ("beta[0]", "beta[1]")
     assert "Hint: posterior correlation +0.99 between beta[0] and beta[1]" in tuning_summary(strong)
     dense = history_from_datatree(tree, config=config._replace(dense_mass=True))
-    assert "Hint:" not in tuning_summary(dense)
+    assert "Hint: posterior correlation" not in tuning_summary(dense)
 
 
 def test_inside_a_pymc_model_the_correlation_hint_skips_its_deterministics(numpyro_run):
