@@ -952,3 +952,13 @@ def test_pytensor_first_use_is_paid_before_any_pymc_sampler_is_timed():
 
     assert warm_up_pytensor(["ahmc_numpyro", "numpyro_nuts"]) == 0.0
     assert warm_up_pytensor(["ahmc_numpyro", "ahmc_pymc"]) > 0.0
+
+
+def test_compile_parts_study_times_each_added_part_of_the_engine(jax_x64):
+    """The study compiles the transition, then the rounds, then the warm-up: each adds fused kernels."""
+    from benchmarks.compile_parts import compile_parts
+
+    rows = compile_parts(models.get_model("corr_gauss_2"), {"metric_recipe": "welford_diag"}, num_warmup=100)
+    assert [r["part"] for r in rows] == ["transition", "+ rounds", "+ warm-up"]
+    assert all(r["compile_s"] > 0 for r in rows)
+    assert rows[0]["fusions"] < rows[1]["fusions"] < rows[2]["fusions"]

@@ -1,0 +1,76 @@
+"""Where the JAX engine's compilation goes: ``python -m benchmarks.compile_parts [--models std_gauss_10] [--options JSON]``.
+
+XLA's CPU compiler spends its time per fused kernel it emits, so one iteration of the engine (4 chains,
+the defaults plus ``--options``) is compiled three ways, each adding a part to the one before:
+
+* ``transition``: the sampling phase's step without a round's end (the chains' HMC transition, the round sums);
+* ``+ rounds``: with the run-time branch of a round's end (the reward, the GP-UCB update);
+* ``+ warm-up``: the step as the NumPyro kernel traces it (dual averaging, the metric windows and
+  estimator, chain checks, the box), what ``MCMC`` compiles inside its loop.
+
+Prints, per model, the seconds of XLA compilation and the fused kernels of each, as a Markdown table.  A
+study: compare the rows of one run, not runs (2 shared cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+
+PARTS = (("transition", {"sampling": True, "round_end": "never"}),
+         ("+ rounds", {"sampling": True}),
+         ("+ warm-up", {}))
+
+
+def compile_parts(model, options: dict, num_chains: int = 4, num_warmup: int = 1000) -> list[dict]:
+    """``[{part, compile_s, fusions}]``: XLA's compile time and fused kernels of each way (module text)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ahmc.adapters._jax_engine import build_engine
+    from ahmc.adapters._jax_run import compiled_init
+
+    from .models import initial_positions
+
+    engine = build_engine(model.logdensity_fn, num_warmup=num_warmup, **options)
+    positions = jnp.asarray(initial_positions(model, num_chains, 0))
+    state = compiled_init(engine, model.logdensity_fn, positions, jax.random.key(1))
+    key = jax.random.key(0)
+    rows = []
+    for part, how in PARTS:
+        lowered = jax.jit(lambda k, s, how=how: engine.step(k, s, **how)).lower(key, state)
+        start = time.perf_counter()
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - start
+        fusions = len(re.findall(r"= \S+ fusion\(", compiled.as_text()))
+        rows.append({"part": part, "compile_s": seconds, "fusions": fusions})
+    return rows
+
+
+def main(argv=None) -> list:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="std_gauss_10")
+    parser.add_argument("--options", default="{}", help="engine options as JSON, e.g. '{\"metric_recipe\": \"welford_diag\"}'")
+    args = parser.parse_args(argv)
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from .models import get_model
+
+    options = json.loads(args.options)
+    print(f"options {options}\n\n| model | part | XLA compile (s) | fused kernels |\n|---|---|---|---|")
+    results = []
+    for name in args.models.split(","):
+        for row in compile_parts(get_model(name), options):
+            results.append({"model": name, **row})
+            print(f"| {name} | {row['part']} | {row['compile_s']:.2f} | {row['fusions']} |", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
