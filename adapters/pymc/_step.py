@@ -44,7 +44,7 @@ from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, fishe
 from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction, min_num_steps
 from ahmc.core.retry import retry_log_acceptance
 from ahmc.core.tuner import adapt_probability
-from ahmc.core.schedule import automatic_box, plan_warmup, stan_schedule, steps_for
+from ahmc.core.schedule import EARLY_MAX_STEPS, automatic_box, plan_warmup, stan_schedule, steps_for
 from ahmc.core import Config, gp_ucb, search_space
 from ahmc.core.config import GPConfig, resolve_options
 
@@ -862,7 +862,11 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
 
     def _hamiltonian_step(self, start, p0, step_size) -> HMCStepData:
         if self._arm is None:
-            max_steps = steps_for(self._warmup_time, step_size, self._warmup_max_steps)
+            # Before the first mass-matrix estimate the metric is the identity, in which T / eps can ask for
+            # hundreds of steps (core's EARLY_MAX_STEPS, the JAX routes' cap over the same iterations)
+            early = self._chain_iteration <= self._plan.first_window_end
+            cap = min(self._warmup_max_steps, EARLY_MAX_STEPS) if early else self._warmup_max_steps
+            max_steps = steps_for(self._warmup_time, step_size, cap)
         else:
             step_size, max_steps = self._arm
         lowest = self._fewest_steps(max_steps)

@@ -49,6 +49,26 @@ def test_step_recovers_from_a_far_start(seed):
     assert idata.sample_stats["diverging"].values.mean() < 0.05
 
 
+def test_the_step_caps_l_before_its_first_mass_matrix_estimate_as_the_jax_routes_do():
+    """Core's schedule: before the first window closes the metric is the identity, in which T / eps asks for
+    about 200 steps on sds of 0.01; the step caps L at EARLY_MAX_STEPS there (as the JAX engine does), and
+    after the estimate L is the whitened one (a few steps)."""
+    from ahmc.core.schedule import EARLY_MAX_STEPS
+
+    tune = 300
+    with pm.Model():
+        pm.Normal("x", 0.0, 0.01, shape=3)
+        step = AdaptiveHMC()
+        idata = pm.sample(step=step, tune=tune, draws=50, chains=1, cores=1, random_seed=0,
+                          discard_tuned_samples=False, **QUIET)
+    first_end = step._plan.first_window_end  # core's plan of this chain (plan_warmup)
+    max_steps = idata.warmup_sample_stats["max_steps"].values[0]
+    assert first_end > 10
+    early, later = max_steps[5:first_end + 1], max_steps[first_end + 5:step._num_warmup]
+    assert early.max() == EARLY_MAX_STEPS  # binding: T / eps is far above it with the identity metric
+    assert np.median(later) < 10
+
+
 def test_compiled_route_recovers_from_a_far_start():
     from ahmc.adapters.pymc import sample_numpyro_ahmc
 
