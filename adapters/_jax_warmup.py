@@ -28,7 +28,7 @@ from blackjax.adaptation.metric_recipes import REGISTRY
 from blackjax.adaptation.step_size import dual_averaging_adaptation
 
 from ahmc.core.mass_matrix import prefers_dense, rescale_diagonal, rescue_unexplored, shrink_correlations
-from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, warmup_num_steps
+from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, metric_phase_max_steps, warmup_num_steps
 
 from ._jax_kernel import inverse_cholesky
 from ._jax_sharding import chain_median, replicated
@@ -511,8 +511,8 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         dtype = state.inverse_mass_matrix.dtype
         warm_eps = jnp.exp(state.step_size_adaptation.log_step_size).astype(dtype)
         early = state.iteration <= plan.first_window_end
-        warm_l = warmup_num_steps(warm_eps, warmup_integration_time, warmup_max_steps, jnp)
-        return warm_eps, jnp.where(early, jnp.minimum(warm_l, EARLY_MAX_STEPS), warm_l), early
+        cap = metric_phase_max_steps(plan, state.iteration, warmup_max_steps, jnp)
+        return warm_eps, warmup_num_steps(warm_eps, warmup_integration_time, cap, jnp), early
 
     def accumulate(window, logdensity, accept):
         """Per-chain window sums for the chain checks and the end-of-warm-up warning."""

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["WarmupPlan", "plan_warmup", "stan_schedule", "warmup_num_steps", "automatic_box",
+__all__ = ["WarmupPlan", "plan_warmup", "stan_schedule", "warmup_num_steps", "metric_phase_max_steps", "automatic_box",
            "first_unit_num_steps", "EARLY_MAX_STEPS"]
 
 # Leapfrog cap of the metric phase before the first mass-matrix estimate.  L = ceil(T_w / eps) assumes
@@ -129,6 +129,13 @@ def warmup_num_steps(step_size, integration_time: float, max_steps: int, xp=np):
     """The metric phase's ``L``: ``ceil(integration_time / step_size)`` in ``[1, max_steps]`` (1 for NaN)."""
     steps = xp.ceil(integration_time / step_size)
     return xp.clip(xp.nan_to_num(steps, nan=1.0), 1, max_steps).astype(xp.int32)
+
+
+def metric_phase_max_steps(plan: WarmupPlan, iteration, max_steps: int, xp=np):
+    """The cap on the metric phase's ``L`` at ``iteration``: :data:`EARLY_MAX_STEPS` until the plan's first
+    mass-matrix window closes (the metric is still the initial identity there), ``max_steps`` afterwards.
+    Every route's warm-up reads it (``iteration`` may be traced)."""
+    return xp.where(iteration <= plan.first_window_end, min(max_steps, EARLY_MAX_STEPS), max_steps)
 
 
 def automatic_box(eps_star, step_size_factors, max_integration_time: float, num_steps_cap: int, xp=np,

@@ -44,7 +44,7 @@ from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, fishe
 from ahmc.core.space import WARMUP_MAX_STEPS, check_min_steps_fraction, min_num_steps
 from ahmc.core.retry import retry_log_acceptance
 from ahmc.core.tuner import adapt_probability
-from ahmc.core.schedule import EARLY_MAX_STEPS, automatic_box, plan_warmup, stan_schedule, steps_for
+from ahmc.core.schedule import automatic_box, metric_phase_max_steps, plan_warmup, stan_schedule, steps_for
 from ahmc.core import Config, gp_ucb, search_space
 from ahmc.core.config import GPConfig, resolve_options
 
@@ -555,7 +555,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
                                    alpha=alpha, delta=delta, schedule=schedule, decay=decay)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
         self._objective = get_objective(objective, divergence_penalty)
-        self._divergence_retry, self._retried = divergence_retry, False
+        self._divergence_retry = divergence_retry
         # A built-in objective takes the round's sums in Python numbers (cheap); a user callable gets arrays.
         self._objective_takes_numbers = isinstance(objective, str)
         if jump_estimate not in ("trajectory", "transition"):
@@ -862,10 +862,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
 
     def _hamiltonian_step(self, start, p0, step_size) -> HMCStepData:
         if self._arm is None:
-            # Before the first mass-matrix estimate the metric is the identity, in which T / eps can ask for
-            # hundreds of steps (core's EARLY_MAX_STEPS, the JAX routes' cap over the same iterations)
-            early = self._chain_iteration <= self._plan.first_window_end
-            cap = min(self._warmup_max_steps, EARLY_MAX_STEPS) if early else self._warmup_max_steps
+            cap = int(metric_phase_max_steps(self._plan, self._chain_iteration, self._warmup_max_steps))
             max_steps = steps_for(self._warmup_time, step_size, cap)
         else:
             step_size, max_steps = self._arm
@@ -883,8 +880,8 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
             end, div_info, energy_change, taken = self._integrate(start, step_size, n_steps, trajectory, guard)
             accept = 1.0 if energy_change <= 0 else float(np.exp(-energy_change))
             accepted = div_info is None and self.rng.random() < accept
-            self._retried = div_info is not None and self._arm is not None and self._divergence_retry is not None
-            if self._retried:
+            retried = div_info is not None and self._arm is not None and self._divergence_retry is not None
+            if retried:
                 end, accepted, div_info, extra = self._retry(start, step_size, n_steps, guard)
                 taken += extra
             elif not accepted:
@@ -894,7 +891,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
             self._step_values = None if trajectory is None else self._trajectory_values(start, trajectory, n_steps)
         self._used = {"step_size": float(step_size), "max_steps": int(max_steps)}
         stats = {"n_steps": taken, "acceptance_rate": accept, "accepted": float(accepted), "energy_error": energy_change,
-                 "energy": end.energy, "model_logp": end.model_logp, "retried": self._retried}
+                 "energy": end.energy, "model_logp": end.model_logp, "retried": retried}
         return HMCStepData(end, accept, div_info, stats)
 
     def _retry(self, start, step_size, n_steps, guard):

@@ -118,8 +118,8 @@ def test_the_pymc_step_retry_keeps_the_target():
         step.integrator.new_chain()
         for _ in range(10):
             p0 = step.potential.random()
-            q = step._hamiltonian_step(step.integrator.compute_state(q, p0), p0, step_size).end.q
-            retried += step._retried
+            data = step._hamiltonian_step(step.integrator.compute_state(q, p0), p0, step_size)
+            q, retried = data.end.q, retried + data.stats["retried"]
         point = DictToArrayBijection.rmap(q)
         final[i] = point["v"], point["x"]
     assert retried > 0.1 * num_chains * 10

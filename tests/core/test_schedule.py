@@ -50,3 +50,16 @@ def test_step_counts_and_the_automatic_box():
     assert int(automatic_box(np.float32(10.0), (0.5, 2.0), 1.0, 1024)[1]) == 2  # L's upper end is at least 2
     assert int(automatic_box(np.float32(1e-4), (0.5, 2.0), 1.0, 1024, max_num_steps=59)[1]) == 59
     assert (steps_for(1.0, 0.1, 50), steps_for(1.0, 1e-9, 50), steps_for(1.0, 0.0, 50)) == (10, 50, 1)
+
+
+def test_the_metric_phase_caps_l_until_the_first_window_closes():
+    """Core's rule for every route: EARLY_MAX_STEPS up to the plan's first window end, the route's cap after."""
+    from ahmc.core.schedule import EARLY_MAX_STEPS, metric_phase_max_steps
+
+    plan = plan_warmup(1000, metric_fraction=0.5, round_length=10, adapt_mass_matrix=True, auto_box=True)
+    end = plan.first_window_end
+    assert end > 0
+    assert [int(metric_phase_max_steps(plan, i, 256)) for i in (0, end, end + 1)] == [EARLY_MAX_STEPS, EARLY_MAX_STEPS, 256]
+    assert int(metric_phase_max_steps(plan, 0, 8)) == 8  # a smaller route cap stays
+    fixed = plan_warmup(1000, metric_fraction=0.5, round_length=10, adapt_mass_matrix=False, auto_box=True)
+    assert int(metric_phase_max_steps(fixed, 0, 256)) == 256  # no mass-matrix windows: no early cap
