@@ -521,6 +521,28 @@ def test_targets_compare_ahmc_with_the_best_nuts():
     assert not kidiq["second_met"] and not kidiq["z_met"] and not kidiq["rhat_met"]
 
 
+def test_the_headline_faces_every_converged_sampler_per_gradient():
+    from benchmarks import headline
+
+    def record(model, sampler, ess, grads, rhat=1.001):
+        return {"model": model, "sampler": sampler, "status": "ok",
+                "metrics": {"ess_bulk": {"min": ess}, "ess_bulk_squares": {"min": ess},
+                            "grads": {"warmup": grads, "sampling": grads}, "rhat_max": rhat}}
+
+    results = {"models": {"pima": {}, "kidiq": {}}, "runs": [
+        record("pima", "numpyro_nuts", 100.0, 500),        # 0.1 per gradient
+        record("pima", "chees", 300.0, 500),               # 0.3: the best peer here
+        record("pima", "meads", 900.0, 500, rhat=1.2),     # not converged: left out
+        record("pima", "armhmc", 900.0, 500),              # ahmc's own: left out
+        record("pima", "ahmc_numpyro", 150.0, 500),        # 0.15 -> 0.5x
+        record("kidiq", "numpyro_nuts", 100.0, 500),
+        record("kidiq", "ahmc_numpyro", 200.0, 500),       # 2x
+    ]}  # fmt: skip
+    line = headline.every_peer_line(results, "ahmc_numpyro")
+    assert "geometric mean 1x" in line and "behind on 1 of 2: pima 0.50x (chees)" in line
+    assert headline.every_peer_line(results, "ahmc_pymc") == ""
+
+
 def test_lgcp_model_matches_its_definition():
     jax = pytest.importorskip("jax")
     cov = models.lgcp_covariance(4)

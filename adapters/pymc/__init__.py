@@ -36,8 +36,8 @@ tune.  Per-draw stats (``step_size``, ``max_steps``, ``tuning_round``,
 rebuild the tuning history from the returned DataTree.
 """
 
-from ._step import STATS, AdaptiveHMC, refuse_discrete  # noqa: F401  (refuse_discrete: the compiled route's)
-from ._pooled import POOLED_CORES_MESSAGE, PooledAdaptiveHMC
+from ._step import STATS, AdaptiveHMC
+from ._pooled import PooledAdaptiveHMC
 from ._rmhmc import RMHMC_STATS, AdaptiveRMHMC, constant_metric, fisher_logistic_metric
 from ._snapshot import tuning_snapshot
 

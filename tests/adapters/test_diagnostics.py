@@ -28,7 +28,6 @@ from ahmc.core.diagnostics import (  # noqa: E402
     rebuild_surrogate,
     replay,
     tuning_summary,
-    tuning_warnings,
     unrecorded_warmup_note,
 )
 

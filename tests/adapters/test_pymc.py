@@ -664,7 +664,7 @@ def test_progress_bar_shows_step_size_and_L_like_nuts():
 def test_pooled_step_replaces_pymcs_cores_advice(caplog):
     import logging
 
-    from ahmc.adapters.pymc import POOLED_CORES_MESSAGE
+    from ahmc.adapters.pymc._pooled import POOLED_CORES_MESSAGE
 
     with gaussian_model(), caplog.at_level(logging.INFO, logger="pymc"):
         pm.sample(step=PooledAdaptiveHMC(), tune=60, draws=20, chains=2, cores=1, progressbar=False,
