@@ -652,9 +652,22 @@ def save_tuning(tuning: dict[str, Any], output: Path) -> Path:
 
 
 def write_json(results: dict[str, Any], path: Path) -> None:
-    """Compact JSON (the committed results stay small: docs/benchmarks.md)."""
+    """Compact JSON (the committed results stay small: docs/benchmarks.md): long lists of numbers (per
+    coordinate, per chain, an LGCP field) keep 4 significant digits."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, separators=(",", ":"), default=_json_default, allow_nan=True) + "\n")
+    compact = _rounded(json.loads(json.dumps(results, default=_json_default, allow_nan=True)))
+    path.write_text(json.dumps(compact, separators=(",", ":"), allow_nan=True) + "\n")
+
+
+def _rounded(value, long_list: int = 16):
+    """``value`` with the floats of every list longer than ``long_list`` at 4 significant digits."""
+    if isinstance(value, dict):
+        return {key: _rounded(item, long_list) for key, item in value.items()}
+    if isinstance(value, list):
+        if len(value) > long_list:
+            return [float(f"{item:.4g}") if isinstance(item, float) else _rounded(item, long_list) for item in value]
+        return [_rounded(item, long_list) for item in value]
+    return value
 
 
 def _json_default(value):

@@ -984,3 +984,19 @@ def test_compile_parts_study_times_each_added_part_of_the_engine(jax_x64):
     assert [r["part"] for r in rows] == ["transition", "+ rounds", "+ warm-up"]
     assert all(r["compile_s"] > 0 for r in rows)
     assert rows[0]["fusions"] < rows[1]["fusions"] < rows[2]["fusions"]
+
+
+def test_results_json_keeps_scalars_exact_and_long_lists_at_four_digits(tmp_path):
+    """The committed results stay small: per-coordinate lists (an LGCP field: 2 x 4096 numbers per run)
+    keep 4 significant digits, while the scalars the headline reads stay exact."""
+    import json
+
+    from benchmarks.run import write_json
+
+    results = {"runs": [{"metrics": {"ess": 123.456789012, "short": [1.23456789, 2.0],
+                                     "field": {"mean": [1.23456789] * 17 + [float("nan")]}}}]}
+    path = tmp_path / "r.json"
+    write_json(results, path)
+    back = json.loads(path.read_text())["runs"][0]["metrics"]
+    assert back["ess"] == 123.456789012 and back["short"] == [1.23456789, 2.0]
+    assert back["field"]["mean"][:17] == [1.235] * 17 and back["field"]["mean"][17] != back["field"]["mean"][17]
