@@ -73,7 +73,7 @@ def build_engine(
     log_step_size: bool = _DEFAULT.box.log_step_size,
     target_acceptance_rate: float = _DEFAULT.warmup.target_acceptance_rate,
     initial_step_size: float | None = _DEFAULT.warmup.initial_step_size,
-    objective: str | Callable = _DEFAULT.reward.objective,
+    objective: str | Callable | None = _DEFAULT.reward.objective,
     divergence_penalty: float = _DEFAULT.reward.divergence_penalty,
     divergence_retry: int | None = _DEFAULT.reward.divergence_retry,
     exploit_after_warmup: bool = _DEFAULT.schedule.exploit_after_warmup,

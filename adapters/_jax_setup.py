@@ -13,7 +13,7 @@ import numpy as np
 from ahmc.core import Config, gp_ucb, search_space
 from ahmc.core.config import GPConfig, resolve_options
 from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM
-from ahmc.core.objectives import get_objective, needs_center
+from ahmc.core.objectives import default_objective, get_objective, needs_center
 from ahmc.core.options import check_option_names, whole_number_pair
 from ahmc.core.schedule import WarmupPlan, first_unit_num_steps, plan_warmup
 from ahmc.core.snapshot import prior_evidence
@@ -188,6 +188,8 @@ def _check_options(logdensity_fn, *, num_warmup, step_size_bounds, num_steps_bou
         raise ValueError(
             f"dense_mass must be True, False or 'auto' (one matrix over all parameters); got {dense_mass!r}. "
             "Blocks of sites (NumPyro's list form) are not supported.")
+    if objective is None:  # the centred reward where the metric phase estimates the mean it needs
+        objective = default_objective(bool(adapt_mass_matrix) and round(metric_fraction * num_warmup) >= 1)
     objective_fn = get_objective(objective, divergence_penalty)
     if needs_center(objective_fn) and not adapt_mass_matrix:
         raise ValueError(

@@ -1018,6 +1018,10 @@ BY_NAME_SAMPLERS: dict[str, Runner] = {
                                             objective="esjd_moments"),
     "ahmc_blackjax_esjd": _with_defaults(run_ahmc_blackjax, "objective='esjd' (jump per iteration)",
                                          objective="esjd"),
+    # the default before 2026-12-05 (docs/decisions.md, "The reward on the strict metric: ESS, not jumps")
+    "ahmc_blackjax_esjd_reward": _with_defaults(run_ahmc_blackjax, "the paper's reward", objective="normalized_esjd"),
+    "ahmc_numpyro_esjd_reward": _with_defaults(run_ahmc_numpyro, "the paper's reward", objective="normalized_esjd"),
+    "ahmc_pymc_esjd_reward": _with_defaults(run_ahmc_pymc, "the paper's reward", objective="normalized_esjd"),
 }
 
 # name -> runner; every runner has the signature described in the module docstring.

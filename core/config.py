@@ -218,10 +218,12 @@ class WarmupConfig:
 class RewardConfig:
     """How a round is scored, and what a divergence costs."""
 
-    objective: str | Callable = _option(
-        "normalized_esjd", "`\"normalized_esjd\"` (the paper's: mean squared whitened jump over `sqrt(L)`), "
-                           "`\"esjd\"`, `\"esjd_per_gradient\"`, `\"esjd_moments\"` (also the squares' jumps: for "
-                           "variances), or a callable `(RoundStats, max_num_steps) -> reward`.")
+    objective: str | Callable | None = _option(
+        None, "`None`: `\"normalized_ess\"` with an adapted mass matrix, else `\"normalized_esjd\"`. "
+              "`\"normalized_ess\"`: the round's strict ESS per draw (the worse of the means' and the squares', "
+              "from their lag-1 jumps) over `sqrt(steps per draw)`; `\"normalized_esjd\"` (the paper's: mean "
+              "squared whitened jump over `sqrt(L)`), `\"esjd\"`, `\"esjd_per_gradient\"`, `\"esjd_moments\"`, "
+              "or a callable `(RoundStats, max_num_steps) -> reward`.")
     divergence_penalty: float = _option(DEFAULT_DIVERGENCE_PENALTY, "The reward times `exp(-penalty x divergent fraction)`; 0 is the "
                                               "paper's.")
     jump_estimate: str | None = _option(
@@ -236,7 +238,7 @@ class RewardConfig:
     def __post_init__(self):
         if isinstance(self.objective, str):
             _choice("objective", self.objective, tuple(OBJECTIVES))
-        elif not callable(self.objective):
+        elif self.objective is not None and not callable(self.objective):
             raise ValueError(f"objective must be a name or a callable; got {self.objective!r}.")
         if not (isinstance(self.divergence_penalty, numbers.Real) and math.isfinite(self.divergence_penalty)
                 and self.divergence_penalty >= 0):
@@ -254,7 +256,7 @@ GROUPS = {"box": SearchBoxConfig, "gp": GPConfig, "schedule": ScheduleConfig, "w
           "reward": RewardConfig}
 GROUP_TITLES = {"box": "Search box", "gp": "Gaussian process", "schedule": "Schedule", "warmup": "Warm-up",
                 "reward": "Reward"}
-PAPER_SETTINGS = {"adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0,
+PAPER_SETTINGS = {"objective": "normalized_esjd", "adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0,
                   "min_steps_fraction": 0.0, "jump_estimate": "transition", "divergence_retry": None}
 
 

@@ -663,10 +663,11 @@ def variance_hint(history: TuningHistory) -> str | None:
     return (f"the squares mix far more slowly than the coordinates: the bulk ESS of ({name} - mean)^2 is "
             f"{ess_square:.0f} of {num_draws} draws, against at least {ess_coordinates:.0f} for every coordinate, "
             f"so variances, sds and tail quantiles are estimated less well than means (R-hat, which also "
-            f"checks the folded draws, may show it). The default reward, the squared jump per sqrt(L), favours "
-            f"moves that carry a coordinate to the far side of the mode, which leave its square where it was. "
-            f"objective=\"esjd_moments\" scores the squares' jumps too, at some cost to the means (docs/decisions.md, "
-            f"\"Tuning for variances\"; ignore this if the run used it); otherwise draw more.")
+            f"checks the folded draws, may show it). A reward on the jump alone (objective=\"normalized_esjd\", "
+            f"the paper's and RMHMC's) favours moves that carry a coordinate to the far side of the mode, which "
+            f"leave its square where it was; objective=\"normalized_ess\" (the default with an adapted mass "
+            f"matrix) scores the squares too (docs/decisions.md, \"The reward on the strict metric: ESS, not "
+            f"jumps\"). With it already, draw more.")
 
 
 def single_step_hint(history: TuningHistory) -> str | None:

@@ -63,7 +63,9 @@ __all__ = [
     "esjd",
     "esjd_per_gradient",
     "esjd_moments",
+    "normalized_ess",
     "needs_center",
+    "default_objective",
     "OBJECTIVES",
     "get_objective",
     "check_objective",
@@ -88,6 +90,7 @@ class RoundStats(NamedTuple):
     num_divergent : int32, ()    divergent transitions
     sum_squared_jump_squares : float, ()  sum of ``||z'^2 - z^2||^2 / 2``, ``z = (x - center) / scale``
                                  (0 unless ``round_update`` gets a ``center``)
+    sum_squares : float, ()      sum of ``||z'||^2``, the new position's centred whitened square (with ``center``)
     """
 
     num_iterations: object
@@ -96,6 +99,7 @@ class RoundStats(NamedTuple):
     sum_acceptance: object
     num_divergent: object
     sum_squared_jump_squares: object
+    sum_squares: object = 0.0
 
 
 def round_init(xp=np, dtype=None) -> RoundStats:
@@ -106,11 +110,11 @@ def round_init(xp=np, dtype=None) -> RoundStats:
     operations (~4 us per iteration).  Convert with :func:`round_arrays` before an objective.
     """
     if xp is None:
-        return RoundStats(0, 0, 0.0, 0.0, 0, 0.0)
+        return RoundStats(0, 0, 0.0, 0.0, 0, 0.0, 0.0)
     dtype = xp.asarray(0.0).dtype if dtype is None else dtype
     zero_int = xp.asarray(0, dtype=xp.int32)
     zero = xp.asarray(0.0, dtype=dtype)
-    return RoundStats(zero_int, zero_int, zero, zero, zero_int, zero)
+    return RoundStats(zero_int, zero_int, zero, zero, zero_int, zero, zero)
 
 
 def round_arrays(stats: RoundStats, xp=np, dtype=None) -> RoundStats:
@@ -159,12 +163,14 @@ def round_update(
     jump = new - old
     if scale is not None:
         jump = jump / xp.asarray(scale, dtype=dtype)
-    squares_jump = stats.sum_squared_jump_squares
+    squares_jump, squares = stats.sum_squared_jump_squares, stats.sum_squares
     if center is not None:
         center = xp.asarray(center, dtype=dtype)
         scale = xp.ones_like(center) if scale is None else xp.asarray(scale, dtype=dtype)
-        change = ((new - center) / scale) ** 2 - ((old - center) / scale) ** 2
+        new_squares = ((new - center) / scale) ** 2
+        change = new_squares - ((old - center) / scale) ** 2
         squares_jump = squares_jump + 0.5 * xp.sum(change * change)
+        squares = squares + xp.sum(new_squares)
     return RoundStats(
         num_iterations=stats.num_iterations + 1,
         num_gradients=stats.num_gradients + xp.asarray(num_gradients, dtype=xp.int32),
@@ -172,6 +178,7 @@ def round_update(
         sum_acceptance=stats.sum_acceptance + xp.asarray(acceptance, dtype=dtype),
         num_divergent=stats.num_divergent + xp.asarray(is_divergent, dtype=xp.int32),
         sum_squared_jump_squares=squares_jump,
+        sum_squares=squares,
     )
 
 
@@ -181,15 +188,17 @@ def _round_update_python(stats, previous_position, position, num_gradients, acce
     jump = np.subtract(position, previous_position, dtype=np.float64)
     if scale is not None:
         jump /= np.asarray(scale, dtype=np.float64)
-    squares_jump = stats.sum_squared_jump_squares
+    squares_jump, squares = stats.sum_squared_jump_squares, stats.sum_squares
     if center is not None:
         scale = 1.0 if scale is None else np.asarray(scale, dtype=np.float64)
         old = (np.subtract(previous_position, center, dtype=np.float64) / scale) ** 2
-        change = (np.subtract(position, center, dtype=np.float64) / scale) ** 2 - old
+        new = (np.subtract(position, center, dtype=np.float64) / scale) ** 2
+        change = new - old
         squares_jump = squares_jump + 0.5 * float(change @ change)
+        squares = squares + float(new.sum())
     return RoundStats(stats.num_iterations + 1, stats.num_gradients + int(num_gradients),
                       stats.sum_squared_jump + float(jump @ jump), stats.sum_acceptance + float(acceptance),
-                      stats.num_divergent + int(bool(is_divergent)), squares_jump)
+                      stats.num_divergent + int(bool(is_divergent)), squares_jump, squares)
 
 
 class StepJumps(NamedTuple):
@@ -293,6 +302,66 @@ def esjd_moments(stats: RoundStats, max_num_steps):
 esjd_moments.needs_center = True
 
 
+def _lag_one_ess(mean_jump, variance, like):
+    """Effective draws per draw of a chain whose lag-1 autocorrelation is ``1 - mean_jump / (2 variance)``,
+    as for an AR(1) chain: ``(1 - rho) / (1 + rho)``.  ``rho`` is kept in ``[-0.9, 1]``: a round's few jumps
+    can exceed twice the variance by chance, and the bound keeps such a round from scoring without limit.
+    A round that sat at the centre (variance 0, as when a flat density's step size overflowed) scores 0."""
+    if type(like) is float:
+        rho = min(max(1.0 - mean_jump / (2.0 * variance), -0.9), 1.0) if variance > 0 else 1.0
+        return (1.0 - rho) / (1.0 + rho)
+    xp = like.__array_namespace__()
+    positive = variance > 0
+    safe = xp.where(positive, variance, xp.ones_like(variance))
+    rho = xp.where(positive, xp.clip(1.0 - mean_jump / (2.0 * safe), -0.9, 1.0), xp.ones_like(variance))
+    return (1.0 - rho) / (1.0 + rho)
+
+
+def _worse_ess_per_draw(stats: RoundStats):
+    """The round's effective draws per draw, the worse of the means' and the squares' (:func:`_lag_one_ess`).
+
+    In whitened, centred coordinates ``z`` the jump of ``z`` is set against the variance of ``z``
+    (the round's mean ``||z||^2``), the jump of ``z^2`` against a Gaussian's variance of ``z^2``, twice
+    that (each whitened ``z_i`` has variance about 1, and ``Var z_i^2 = 2`` for a normal; a round's
+    fourth powers would be far noisier).  On a Gaussian target, where HMC turns each coordinate by an
+    angle, the chain of ``z`` and that of ``z^2`` are then AR(1) at every lag and this is exact.
+    """
+    mean_jump = _safe_divide(stats.sum_squared_jump, stats.num_iterations)
+    mean_squares_jump = 2.0 * _safe_divide(stats.sum_squared_jump_squares, stats.num_iterations)
+    variance = _safe_divide(stats.sum_squares, stats.num_iterations)
+    means_ess = _lag_one_ess(mean_jump, variance, mean_jump)
+    squares_ess = _lag_one_ess(mean_squares_jump, 2.0 * variance, mean_jump)
+    if type(mean_jump) is float:
+        worse = math.nan if math.isnan(means_ess) or math.isnan(squares_ess) else min(means_ess, squares_ess)
+        return worse, _safe_divide(float(stats.num_gradients), stats.num_iterations)  # NaN for an empty round
+    xp = mean_jump.__array_namespace__()
+    steps_per_draw = _safe_divide(xp.asarray(stats.num_gradients, dtype=mean_jump.dtype), stats.num_iterations)
+    return xp.minimum(means_ess, squares_ess), steps_per_draw
+
+
+def normalized_ess(stats: RoundStats, max_num_steps):
+    """The strict ESS per draw (the worse of the means' and the squares', :func:`_worse_ess_per_draw`)
+    over the square root of the leapfrog steps per draw: the paper's charge for computation, on the
+    benchmark's headline metric instead of the jump.  Needs ``center``.
+
+    Charging every gradient (ESS per gradient) settles on ``L = 1`` where a lag-1 estimate misses the
+    slow directions (eight schools, sblrc, gp_pois_regr): docs/decisions.md, "The reward on the strict
+    metric: ESS, not jumps".
+    """
+    ess, steps_per_draw = _worse_ess_per_draw(stats)
+    return ess / _sqrt(steps_per_draw, ess)
+
+
+normalized_ess.needs_center = True
+
+
+def default_objective(has_center: bool) -> str:
+    """The reward when ``objective=None``: ``"normalized_ess"`` where the warm-up estimates the posterior
+    mean it needs (an adapted mass matrix with a metric phase), else the paper's ``"normalized_esjd"``
+    (RMHMC, a fixed mass matrix).  docs/decisions.md, "The reward on the strict metric: ESS, not jumps"."""
+    return "normalized_ess" if has_center else "normalized_esjd"
+
+
 def needs_center(objective: Callable) -> bool:
     """Whether the adapter must pass a ``center`` to :func:`round_update` for this objective."""
     return bool(getattr(objective, "needs_center", False))
@@ -303,6 +372,7 @@ OBJECTIVES: dict[str, Callable] = {
     "esjd": esjd,
     "esjd_per_gradient": esjd_per_gradient,
     "esjd_moments": esjd_moments,
+    "normalized_ess": normalized_ess,
 }
 
 
@@ -341,7 +411,7 @@ def _check_penalty(divergence_penalty) -> float:
 # A round as the adapters see it (10 iterations of L = 8, half the steps on average, 80% acceptance),
 # for checking a user's reward before any draw.
 _TYPICAL_ROUND = RoundStats(num_iterations=10, num_gradients=45, sum_squared_jump=12.0, sum_acceptance=8.0,
-                            num_divergent=0, sum_squared_jump_squares=12.0)
+                            num_divergent=0, sum_squared_jump_squares=12.0, sum_squares=30.0)
 
 
 def check_objective(objective: Callable) -> None:

@@ -36,7 +36,7 @@ from pymc.vartypes import discrete_types  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 from ahmc.core.options import check_option_names, whole_number_pair  # noqa: E402
-from ahmc.core.objectives import (NONFINITE_REWARD_MESSAGE, get_objective,
+from ahmc.core.objectives import (NONFINITE_REWARD_MESSAGE, default_objective, get_objective,
                                   needs_center, round_arrays, round_init, round_update, step_jumps_estimate,
                                   step_jumps_init, step_jumps_update)
 from ahmc.core.mass_matrix import (DENSE_AUTO_MAX_DIM, UNEXPLORED_PRODUCT, fisher_diagonal, prefers_dense,
@@ -423,10 +423,11 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         (1024, the longest trajectory of NUTS's default tree depth; warm-up's metric phase at 256).
     round_length : int
         Iterations per round, ``m`` (10: the paper's ``B / k`` for 1000 tune, 100 rounds).
-    objective : {"normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"} or callable
-        Reward of a round; a callable gets ``(RoundStats, L)``.  ``"esjd_moments"`` also rewards
-        moving the centred squares (ESS of variances; docs/algorithm.md, "Tuning for variances"); it measures
-        them about the mean of the mass-matrix window, so it needs the adapted mass matrix.
+    objective : {None, "normalized_ess", "normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"} or callable
+        Reward of a round; a callable gets ``(RoundStats, L)``.  ``None``: ``"normalized_ess"`` (the
+        round's strict ESS per draw, means and squares, over ``sqrt(steps per draw)``) with the adapted
+        mass matrix, whose window mean it measures the squares about; ``"normalized_esjd"`` (the paper's)
+        with a fixed one.
     divergence_penalty : float
         The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the round's
         fraction of divergent transitions (default 10; 0 = the paper's reward).
@@ -554,6 +555,8 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         self._tuner_options = dict(capacity=capacity, lengthscale=lengthscale, noise_variance=noise_variance,
                                    alpha=alpha, delta=delta, schedule=schedule, decay=decay)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
+        if objective is None:  # the centred reward where the adapted mass matrix gives the mean it needs
+            objective = default_objective(bool(adapt_mass_matrix) and not ({"potential", "scaling"} & set(kwargs)))
         self._objective = get_objective(objective, divergence_penalty)
         self._divergence_retry = divergence_retry
         # A built-in objective takes the round's sums in Python numbers (cheap); a user callable gets arrays.

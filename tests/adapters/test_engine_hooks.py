@@ -186,3 +186,17 @@ def test_run_chains_one_program_draws_what_the_two_phases_draw():
     np.testing.assert_array_equal(np.asarray(info.num_integration_steps),
                                   np.concatenate([np.asarray(warm_info.num_integration_steps),
                                                   np.asarray(sample_info.num_integration_steps)]))
+
+
+def test_the_default_reward_is_the_strict_ess_where_a_mass_matrix_gives_the_mean_else_the_papers():
+    """objective=None: "normalized_ess" needs the metric phase's mean; without an adapted mass matrix, or
+    without a metric phase, the engine falls back to the paper's reward instead of refusing to run."""
+    from ahmc.core.objectives import needs_center
+
+    def logdensity(x):
+        return -0.5 * jnp.sum(x * x)
+
+    assert needs_center(build_engine(logdensity, num_warmup=100).config.objective)
+    box = dict(step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 5))
+    assert not needs_center(build_engine(logdensity, num_warmup=100, adapt_mass_matrix=False, **box).config.objective)
+    assert not needs_center(build_engine(logdensity, num_warmup=100, metric_fraction=0.0, **box).config.objective)

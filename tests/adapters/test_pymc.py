@@ -697,3 +697,18 @@ def test_pooled_progress_bar_shows_divergences_step_size_and_L(monkeypatch):
         pm.sample(step=pm.DEMetropolis(), tune=20, draws=20, chains=3, cores=1, progressbar=True, random_seed=1,
                   compute_convergence_checks=False)
         assert "step size" not in consoles[-1].export_text()
+
+
+def test_the_step_scores_the_strict_ess_with_its_adapted_mass_matrix_and_jumps_with_a_given_one():
+    """objective=None as in the JAX routes: the strict-ESS reward measures the squares about the
+    adapted matrix's window mean; a potential given by the user has none, so the paper's reward."""
+    from pymc.step_methods.hmc.quadpotential import QuadPotentialDiag
+
+    from ahmc.core.objectives import needs_center
+
+    with pm.Model():
+        pm.Normal("x", shape=3)
+        assert AdaptiveHMC()._uses_center
+        assert needs_center(AdaptiveHMC()._objective)
+        fixed = AdaptiveHMC(potential=QuadPotentialDiag(np.ones(3)))
+        assert not fixed._uses_center and not needs_center(fixed._objective)

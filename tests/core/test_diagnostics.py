@@ -290,7 +290,7 @@ def test_summary_points_at_the_variances_only_when_the_squares_lag_far_behind():
     lagging = history._replace(slowest_square=(280.0, "x[9]", 2821.0, 4000))  # the diagonal Gaussian's seed 0
     assert "Hint: the squares mix far more slowly" in tuning_summary(lagging)
     assert "(x[9] - mean)^2 is 280 of 4000 draws" in variance_hint(lagging)
-    assert 'objective="esjd_moments"' in variance_hint(lagging)
+    assert 'objective="normalized_ess"' in variance_hint(lagging)
     assert variance_hint(history._replace(slowest_square=(836.0, "x[0]", 4537.0, 4000))) is None  # 21% of the draws
     slow_everywhere = history._replace(slowest_square=(280.0, "x[0]", 500.0, 4000))
     assert variance_hint(slow_everywhere) is None  # everything mixes slowly, not the squares alone

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from ahmc.core.objectives import (OBJECTIVES, esjd, esjd_moments, esjd_per_gradient, get_objective,
-                                  needs_center, normalized_esjd, round_arrays, round_init, round_update,
+                                  needs_center, normalized_esjd, normalized_ess, round_arrays, round_init, round_update,
                                   step_jumps_estimate, step_jumps_init, step_jumps_update,
                                   with_divergence_penalty)
 
@@ -115,6 +115,42 @@ def test_esjd_moments_on_independent_normal_draws_balances_both_jumps():
     assert float(esjd_moments(stats, 9)) / 3 == pytest.approx(2.0 / 3.0, rel=0.06)
 
 
+def _ar1_round(rho, num_steps, size=40000, dim=2, seed=3):
+    """The sums of a stationary Gaussian AR(1) chain ``x' = rho x + sqrt(1 - rho^2) noise``."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=dim)
+    stats = round_init(None)
+    for _ in range(size):
+        new = rho * x + np.sqrt(1 - rho * rho) * rng.normal(size=dim)
+        stats = round_update(stats, x, new, num_steps, center=np.zeros(dim))
+        x = new
+    return stats
+
+
+@pytest.mark.parametrize("rho, num_steps", [(0.0, 1), (0.6, 3), (-0.6, 2)])
+def test_normalized_ess_is_the_worse_of_the_means_and_squares_ess_over_root_steps(rho, num_steps):
+    """For a Gaussian AR(1) chain the means' ESS per draw is (1 - rho) / (1 + rho) and the squares',
+    whose autocorrelation is rho^2, (1 - rho^2) / (1 + rho^2): an antithetic chain (rho < 0) is
+    scored by its squares, not by its means' ESS above one draw per draw."""
+    means, squares = (1 - rho) / (1 + rho), (1 - rho ** 2) / (1 + rho ** 2)
+    expected = min(means, squares) / np.sqrt(num_steps)
+    assert normalized_ess(_ar1_round(rho, num_steps), 7) == pytest.approx(expected, rel=0.05)
+
+
+def test_normalized_ess_bounds_a_round_that_jumps_beyond_twice_the_variance():
+    """Two alternating points jump 4 variances: lag-1 correlation -1 is kept at -0.9 (ESS 19 per draw),
+    and the squares, which do not move, score 0."""
+    stats = round_init(None)
+    for t in range(10):
+        stats = round_update(stats, np.array([(-1.0) ** t]), np.array([(-1.0) ** (t + 1)]), 2,
+                             center=np.zeros(1))
+    assert normalized_ess(stats, 1) == 0.0
+    # squares that jump 16 (mean) against their variance 2: kept at -0.9 too, so 19 / sqrt(2 steps)
+    stats = stats._replace(sum_squared_jump_squares=80.0)
+    assert normalized_ess(stats, 1) == pytest.approx(19.0 / np.sqrt(2))
+    assert normalized_ess(stats._replace(sum_squared_jump_squares=5.0), 1) == pytest.approx((0.25 / 1.75) / np.sqrt(2))
+
+
 def test_objectives_that_need_a_center_say_so_also_when_penalized():
     assert needs_center(esjd_moments) and needs_center(get_objective("esjd_moments", divergence_penalty=10.0))
     assert not needs_center(get_objective("normalized_esjd", divergence_penalty=10.0))
@@ -144,7 +180,7 @@ def test_python_number_sums_match_the_array_sums_and_convert_to_their_dtypes():
     assert int(converted.num_divergent) == 3 and int(converted.num_gradients) == 19
 
 
-@pytest.mark.parametrize("name", ["normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"])
+@pytest.mark.parametrize("name", ["normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments", "normalized_ess"])
 @pytest.mark.parametrize("penalty", [0.0, 10.0])
 def test_builtin_objectives_give_the_same_reward_on_python_number_sums(name, penalty):
     objective = get_objective(name, divergence_penalty=penalty)
