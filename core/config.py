@@ -219,7 +219,8 @@ class RewardConfig:
     """How a round is scored, and what a divergence costs."""
 
     objective: str | Callable | None = _option(
-        None, "`None`: `\"normalized_ess\"` with an adapted mass matrix, else `\"normalized_esjd\"`. "
+        None, "`None`: `\"normalized_ess\"` with an adapted mass matrix and pooled rounds (JAX routes, "
+              "`PooledAdaptiveHMC`), else `\"normalized_esjd\"` (RMHMC, a fixed metric, the PyMC step). "
               "`\"normalized_ess\"`: the round's strict ESS per draw (the worse of the means' and the squares', "
               "from their lag-1 jumps) over `sqrt(steps per draw)`; `\"normalized_esjd\"` (the paper's: mean "
               "squared whitened jump over `sqrt(L)`), `\"esjd\"`, `\"esjd_per_gradient\"`, `\"esjd_moments\"`, "

@@ -664,9 +664,9 @@ def variance_hint(history: TuningHistory) -> str | None:
             f"{ess_square:.0f} of {num_draws} draws, against at least {ess_coordinates:.0f} for every coordinate, "
             f"so variances, sds and tail quantiles are estimated less well than means (R-hat, which also "
             f"checks the folded draws, may show it). A reward on the jump alone (objective=\"normalized_esjd\", "
-            f"the paper's and RMHMC's) favours moves that carry a coordinate to the far side of the mode, which "
-            f"leave its square where it was; objective=\"normalized_ess\" (the default with an adapted mass "
-            f"matrix) scores the squares too (docs/decisions.md, \"The reward on the strict metric: ESS, not "
+            f"the paper's, the PyMC step's and RMHMC's) favours moves that carry a coordinate to the far side of "
+            f"the mode, which leave its square where it was; objective=\"normalized_ess\" (the JAX routes' "
+            f"default, and PooledAdaptiveHMC's) scores the squares too (docs/decisions.md, \"The reward on the strict metric: ESS, not "
             f"jumps\"). With it already, draw more.")
 
 

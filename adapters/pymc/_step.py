@@ -424,10 +424,10 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
     round_length : int
         Iterations per round, ``m`` (10: the paper's ``B / k`` for 1000 tune, 100 rounds).
     objective : {None, "normalized_ess", "normalized_esjd", "esjd", "esjd_per_gradient", "esjd_moments"} or callable
-        Reward of a round; a callable gets ``(RoundStats, L)``.  ``None``: ``"normalized_ess"`` (the
-        round's strict ESS per draw, means and squares, over ``sqrt(steps per draw)``) with the adapted
-        mass matrix, whose window mean it measures the squares about; ``"normalized_esjd"`` (the paper's)
-        with a fixed one.
+        Reward of a round; a callable gets ``(RoundStats, L)``.  ``None``: the paper's
+        ``"normalized_esjd"`` for this step (one chain's rounds); ``PooledAdaptiveHMC`` with the adapted
+        mass matrix: ``"normalized_ess"`` (the round's strict ESS per draw, means and squares, over
+        ``sqrt(steps per draw)``, the JAX routes' default).
     divergence_penalty : float
         The reward is multiplied by ``exp(-divergence_penalty * f)``, ``f`` the round's
         fraction of divergent transitions (default 10; 0 = the paper's reward).
@@ -555,8 +555,9 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         self._tuner_options = dict(capacity=capacity, lengthscale=lengthscale, noise_variance=noise_variance,
                                    alpha=alpha, delta=delta, schedule=schedule, decay=decay)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
-        if objective is None:  # the centred reward where the adapted mass matrix gives the mean it needs
-            objective = default_objective(bool(adapt_mass_matrix) and not ({"potential", "scaling"} & set(kwargs)))
+        if objective is None:  # one chain's rounds keep the paper's reward; pooled rounds the strict ESS
+            objective = default_objective(bool(adapt_mass_matrix) and not ({"potential", "scaling"} & set(kwargs)),
+                                          one_chain_rounds=not self.pooled_step)
         self._objective = get_objective(objective, divergence_penalty)
         self._divergence_retry = divergence_retry
         # A built-in objective takes the round's sums in Python numbers (cheap); a user callable gets arrays.

@@ -699,16 +699,17 @@ def test_pooled_progress_bar_shows_divergences_step_size_and_L(monkeypatch):
         assert "step size" not in consoles[-1].export_text()
 
 
-def test_the_step_scores_the_strict_ess_with_its_adapted_mass_matrix_and_jumps_with_a_given_one():
-    """objective=None as in the JAX routes: the strict-ESS reward measures the squares about the
-    adapted matrix's window mean; a potential given by the user has none, so the paper's reward."""
+def test_the_step_keeps_the_papers_reward_and_the_pooled_step_scores_the_strict_ess():
+    """objective=None: one chain's rounds (AdaptiveHMC) keep the paper's jump reward, where the lag-1 ESS
+    estimate lost (docs/decisions.md); pooled rounds take the JAX routes' strict-ESS reward, which measures
+    the squares about the adapted matrix's window mean, so a potential given by the user turns it off."""
     from pymc.step_methods.hmc.quadpotential import QuadPotentialDiag
 
     from ahmc.core.objectives import needs_center
 
     with pm.Model():
         pm.Normal("x", shape=3)
-        assert AdaptiveHMC()._uses_center
-        assert needs_center(AdaptiveHMC()._objective)
-        fixed = AdaptiveHMC(potential=QuadPotentialDiag(np.ones(3)))
+        assert not AdaptiveHMC()._uses_center and not needs_center(AdaptiveHMC()._objective)
+        assert PooledAdaptiveHMC()._uses_center and needs_center(PooledAdaptiveHMC()._objective)
+        fixed = PooledAdaptiveHMC(potential=QuadPotentialDiag(np.ones(3)))
         assert not fixed._uses_center and not needs_center(fixed._objective)
