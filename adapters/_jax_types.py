@@ -37,7 +37,7 @@ class EngineState(NamedTuple):
     round_target : int32, ()             iterations of the current round (super-transitions)
     round_end_state : pytree             the round-end hook's own state
 
-    Only with ``objective="esjd_moments"`` (``None`` otherwise):
+    Only with a centred objective (``"normalized_ess"``, the default, or ``"esjd_moments"``; ``None`` otherwise):
 
     center : float, (D,)                 mean of the latest mass-matrix window (flattened position)
 

@@ -311,7 +311,8 @@ def _pooled_buffers(low_rank_state):
 
 
 def _window_mean(mm_state):
-    """The estimator's mean of the window's draws (the ``esjd_moments`` reward's center)."""
+    """The estimator's mean of the window's draws (where the ``normalized_ess`` and ``esjd_moments``
+    rewards centre the squares)."""
     if hasattr(mm_state, "wc_state"):
         return mm_state.wc_state.mean
     if hasattr(mm_state, "fisher_block"):

@@ -261,7 +261,7 @@ class _WarmupFullAdapt(QuadPotentialFullAdapt):
                 self._chol = scipy.linalg.cholesky(self._cov, lower=True)
             except (scipy.linalg.LinAlgError, ValueError) as error:
                 self._chol_error = error
-            self._foreground_cov = window  # its mean centres esjd_moments' squares
+            self._foreground_cov = window  # its mean centres the squares of the centred rewards
             self._background_cov = type(window)(self._n, dtype=self.dtype)
             self._background_grads = _WeightedVariance(self._n, dtype=self.dtype)
 
