@@ -257,8 +257,9 @@ GROUPS = {"box": SearchBoxConfig, "gp": GPConfig, "schedule": ScheduleConfig, "w
           "reward": RewardConfig}
 GROUP_TITLES = {"box": "Search box", "gp": "Gaussian process", "schedule": "Schedule", "warmup": "Warm-up",
                 "reward": "Reward"}
-PAPER_SETTINGS = {"objective": "normalized_esjd", "adapt_mass_matrix": False, "k": 100, "log_step_size": False, "divergence_penalty": 0.0,
-                  "min_steps_fraction": 0.0, "jump_estimate": "transition", "divergence_retry": None}
+PAPER_SETTINGS = {"objective": "normalized_esjd", "adapt_mass_matrix": False, "k": 100, "log_step_size": False,
+                  "divergence_penalty": 0.0, "min_steps_fraction": 0.0, "jump_estimate": "transition",
+                  "divergence_retry": None}
 
 
 def _group_of() -> dict[str, str]:
