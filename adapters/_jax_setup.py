@@ -15,7 +15,7 @@ from ahmc.core.config import GPConfig, resolve_options
 from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM
 from ahmc.core.objectives import default_objective, get_objective, needs_center
 from ahmc.core.options import check_option_names, whole_number_pair
-from ahmc.core.schedule import WarmupPlan, first_unit_num_steps, plan_warmup
+from ahmc.core.schedule import WarmupPlan, first_unit_num_steps, metric_phase_length, plan_warmup
 from ahmc.core.snapshot import prior_evidence
 from ahmc.core.space import WARMUP_MAX_STEPS
 
@@ -189,7 +189,9 @@ def _check_options(logdensity_fn, *, num_warmup, step_size_bounds, num_steps_bou
             f"dense_mass must be True, False or 'auto' (one matrix over all parameters); got {dense_mass!r}. "
             "Blocks of sites (NumPyro's list form) are not supported.")
     if objective is None:  # the centred reward where the metric phase estimates the mean it needs
-        objective = default_objective(bool(adapt_mass_matrix) and round(metric_fraction * num_warmup) >= 1)
+        has_metric_phase = metric_phase_length(num_warmup, metric_fraction, auto_box=step_size_bounds is None,
+                                               adapt_mass_matrix=adapt_mass_matrix) >= 1
+        objective = default_objective(bool(adapt_mass_matrix) and has_metric_phase)
     objective_fn = get_objective(objective, divergence_penalty)
     if needs_center(objective_fn) and not adapt_mass_matrix:
         raise ValueError(

@@ -666,8 +666,8 @@ def variance_hint(history: TuningHistory) -> str | None:
             f"checks the folded draws, may show it). A reward on the jump alone (objective=\"normalized_esjd\", "
             f"the paper's, the PyMC step's and RMHMC's) favours moves that carry a coordinate to the far side of "
             f"the mode, which leave its square where it was; objective=\"normalized_ess\" (the JAX routes' "
-            f"default, and PooledAdaptiveHMC's) scores the squares too (docs/decisions.md, \"The reward on the strict metric: ESS, not "
-            f"jumps\"). With it already, draw more.")
+            f"default, and PooledAdaptiveHMC's) scores the squares too (docs/decisions.md, \"The reward on the "
+            f"strict metric: ESS, not jumps\"). With it already, draw more.")
 
 
 def single_step_hint(history: TuningHistory) -> str | None:

@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["WarmupPlan", "plan_warmup", "stan_schedule", "warmup_num_steps", "metric_phase_max_steps", "automatic_box",
-           "first_unit_num_steps", "EARLY_MAX_STEPS"]
+__all__ = ["WarmupPlan", "plan_warmup", "metric_phase_length", "stan_schedule", "warmup_num_steps",
+           "metric_phase_max_steps", "automatic_box", "first_unit_num_steps", "EARLY_MAX_STEPS"]
 
 # Leapfrog cap of the metric phase before the first mass-matrix estimate.  L = ceil(T_w / eps) assumes
 # a metric that roughly whitens the posterior; with the initial identity and a posterior sd of 0.01 it
@@ -93,6 +93,12 @@ def stan_schedule(num_iterations: int, initial_buffer: int = 75, final_buffer: i
     return is_slow, is_end
 
 
+def metric_phase_length(num_warmup: int, metric_fraction: float, *, auto_box: bool, adapt_mass_matrix: bool) -> int:
+    """Warm-up iterations before the GP rounds: none with a user box and a fixed mass matrix (nothing to
+    learn first, the paper's setting), else ``round(metric_fraction * num_warmup)``."""
+    return int(round(metric_fraction * num_warmup)) if (auto_box or adapt_mass_matrix) else 0
+
+
 def plan_warmup(num_warmup: int, *, metric_fraction: float, round_length: int, adapt_mass_matrix: bool,
                 auto_box: bool, k: int | None = None, freeze_after=None) -> WarmupPlan:
     """The schedule for ``num_warmup`` iterations (options as in :class:`ahmc.core.Config`).
@@ -102,7 +108,8 @@ def plan_warmup(num_warmup: int, *, metric_fraction: float, round_length: int, a
     ``i`` may move the arm while ``i < freeze_rounds``, so ``"warmup"`` (PyMC: ``"tune"``) lets every
     warm-up round adapt and the arm is fixed from the first round of sampling on.
     """
-    metric_phase = int(round(metric_fraction * num_warmup)) if (auto_box or adapt_mass_matrix) else 0
+    metric_phase = metric_phase_length(num_warmup, metric_fraction, auto_box=auto_box,
+                                       adapt_mass_matrix=adapt_mass_matrix)
     num_rounds = max(num_warmup - metric_phase, 0) // round_length
     if freeze_after in ("warmup", "tune"):  # every warm-up round may move the arm; none after
         freeze_rounds = num_rounds + 1

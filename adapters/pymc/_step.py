@@ -555,9 +555,9 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         self._tuner_options = dict(capacity=capacity, lengthscale=lengthscale, noise_variance=noise_variance,
                                    alpha=alpha, delta=delta, schedule=schedule, decay=decay)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
+        self._adapts_metric = bool(adapt_mass_matrix) and not ({"potential", "scaling"} & set(kwargs))
         if objective is None:  # one chain's rounds keep the paper's reward; pooled rounds the strict ESS
-            objective = default_objective(bool(adapt_mass_matrix) and not ({"potential", "scaling"} & set(kwargs)),
-                                          one_chain_rounds=not self.pooled_step)
+            objective = default_objective(self._adapts_metric, one_chain_rounds=not self.pooled_step)
         self._objective = get_objective(objective, divergence_penalty)
         self._divergence_retry = divergence_retry
         # A built-in objective takes the round's sums in Python numbers (cheap); a user callable gets arrays.
@@ -578,7 +578,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         if initial_step_size is not None and not (math.isfinite(initial_step_size) and initial_step_size > 0):
             raise ValueError(f"initial_step_size must be a finite number > 0; got {initial_step_size!r}.")
         if metric_fraction is None:
-            fixed_metric = not adapt_mass_matrix or bool({"potential", "scaling"} & set(kwargs))
+            fixed_metric = not self._adapts_metric
             # A dense matrix is estimated from one chain's draws: its error grows as sqrt(d / draws), and a
             # longer metric phase paid for itself in ESS per gradient (docs/decisions.md, "Dense mass matrix").
             metric_fraction = (0.0 if step_size_bounds and num_steps_bounds and fixed_metric
@@ -586,7 +586,6 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         if not 0 <= metric_fraction < 1:
             raise ValueError(f"metric_fraction must be in [0, 1); got {metric_fraction!r}.")
         self._step_size_bounds, self._num_steps_bounds = step_size_bounds, num_steps_bounds
-        self._adapts_metric = bool(adapt_mass_matrix) and not ({"potential", "scaling"} & set(kwargs))
         self._round_length, self._k, self._freeze_after = int(round_length), k, freeze_after
         self._metric_fraction, self._exploit = float(metric_fraction), bool(exploit_after_warmup)
         self._step_size_factors, self._num_step_sizes = tuple(step_size_factors), int(num_step_sizes)
