@@ -5,12 +5,15 @@ engine from NumPyro's own loop."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._jax_engine import build_engine
-from ._jax_setup import _check_finite
+from ._jax_setup import _check_finite, warm_inputs
 
 __all__ = ["sample", "compiled_init"]
 
@@ -24,16 +27,14 @@ def sample(rng_key, logdensity_fn, positions, num_warmup=1000, num_samples=1000,
     entry point is :func:`ahmc.adapters.blackjax.run_chains` (``metric=`` for RMHMC).
     """
     build = build or build_engine
-    engine = _engine_for(build, logdensity_fn, num_warmup, options)
-    if build is build_engine and engine.scan_draws is not None:
+    if build is build_engine:
         # The plain engine: the whole run is one compiled program (initial state, warm-up, draws), which
         # compiles in about two thirds of the time of the two phases apart and skips the eager
         # initialisation; a start outside the support is still refused before it (cheap compile).
         _check_start(logdensity_fn, positions, _chain_data(options))
-        # Short runs scan ``step`` for the draws too: one traced iteration compiles faster (eight schools
-        # 6.3 -> 5.3 s) than ``scan_draws``' cheaper loop saves at run time; long runs take that loop.
-        draws = engine.scan_draws if num_samples >= SEGMENTED_MIN_SAMPLES else None
-        return _whole_run_jit(engine.init, engine.step, draws, rng_key, positions, num_warmup, num_samples)
+        spec, inputs = _run_spec(logdensity_fn, int(num_warmup), int(num_samples), options)
+        return _spec_run_jit(spec, rng_key, positions, inputs)
+    engine = _engine_for(build, logdensity_fn, num_warmup, options)
     init_key, warm_key, sample_key = jax.random.split(rng_key, 3)
     state = engine.init(positions, init_key)
     state, warm_info = _scan(engine.step, warm_key, state, num_warmup, keep_positions=False)
@@ -86,7 +87,80 @@ def _one_loop(step, state, keys, num_warmup, num_samples):
     return state, (draws, info)
 
 
-_whole_run_jit = jax.jit(_whole_run, static_argnums=(0, 1, 2, 5, 6))
+class RunInputs(NamedTuple):
+    """The arrays of a plain-engine run, arguments of its compiled program (not constants in it): the
+    leaves of a ``jax.tree_util.Partial`` log density (its data), ``chain_data`` and a warm start's values
+    (:class:`ahmc.adapters._jax_setup.WarmInputs`).  A refit on new data of the same shapes, or from
+    another snapshot, runs the same program."""
+
+    logdensity_leaves: tuple
+    chain_data: Any
+    warm_start: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """The static half of a plain-engine run (hashable: equal specs share one compiled program).
+
+    ``logdensity``: the log density, or a ``Partial``'s tree structure (its function included) when its
+    leaves are :class:`RunInputs`; ``options_key``: the other options, frozen (:func:`_frozen`); ``options``:
+    the same options as given, compared through ``options_key``."""
+
+    logdensity: Any
+    is_partial: bool
+    num_warmup: int
+    num_samples: int
+    options_key: tuple
+    options: dict = dataclasses.field(compare=False, hash=False)
+
+    def build(self, inputs: RunInputs):
+        """The engine of this run, its arrays ``inputs`` (traced under ``jax.jit``)."""
+        logdensity_fn = (jax.tree.unflatten(self.logdensity, inputs.logdensity_leaves) if self.is_partial
+                         else self.logdensity)
+        options = dict(self.options)
+        if inputs.chain_data is not None:
+            options["chain_data"] = inputs.chain_data
+        if inputs.warm_start is not None:
+            options["warm_start"] = inputs.warm_start
+        with jax.ensure_compile_time_eval():  # the options' checks evaluate concrete values, as outside a trace
+            return build_engine(logdensity_fn, num_warmup=self.num_warmup, **options)
+
+
+def _run_spec(logdensity_fn, num_warmup: int, num_samples: int, options: dict):
+    """``(RunSpec, RunInputs)`` of a plain-engine run: the arrays apart from the rest.  Options holding
+    other arrays (an ``inverse_mass_matrix``, a hook's state) stay in the spec, which then holds them by
+    identity: such a run compiles anew, as a closure over them would."""
+    is_partial = isinstance(logdensity_fn, jax.tree_util.Partial)
+    leaves, logdensity = jax.tree.flatten(logdensity_fn) if is_partial else ((), logdensity_fn)
+    rest = {name: value for name, value in options.items() if name not in ("chain_data", "warm_start")}
+    warm = options.get("warm_start")
+    if warm is not None:  # the snapshot's values as arrays: its GP evidence on this engine's grid
+        engine = build_engine(logdensity_fn, num_warmup=num_warmup, **options)
+        warm = warm_inputs(engine.init.args[0], warm)
+    try:
+        options_key = _frozen(rest)
+    except TypeError:
+        options_key = (_Identity(rest),)
+    spec = RunSpec(logdensity, is_partial, num_warmup, num_samples, options_key, rest)
+    return spec, RunInputs(tuple(leaves), options.get("chain_data"), warm)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Identity:
+    """Options compared by identity (they hold arrays, whose equality is not a bool)."""
+
+    value: Any
+
+
+def _spec_run(spec: RunSpec, rng_key, positions, inputs: RunInputs):
+    engine = spec.build(inputs)
+    # Short runs scan ``step`` for the draws too: one traced iteration compiles faster (eight schools
+    # 6.3 -> 5.3 s) than ``scan_draws``' cheaper loop saves at run time; long runs take that loop.
+    draws = engine.scan_draws if spec.num_samples >= SEGMENTED_MIN_SAMPLES else None
+    return _whole_run(engine.init, engine.step, draws, rng_key, positions, spec.num_warmup, spec.num_samples)
+
+
+_spec_run_jit = jax.jit(_spec_run, static_argnums=0)
 
 
 def compiled_init(engine, logdensity_fn, positions, rng_key, data=()):
@@ -102,13 +176,16 @@ def compiled_init(engine, logdensity_fn, positions, rng_key, data=()):
 
 
 def _check_start(logdensity_fn, positions, data=()):
-    """Refuse a start outside the support before the run's program compiles (a cheap program of its own)."""
-    _check_finite(*_start_density(logdensity_fn, positions, *data))
+    """Refuse a start outside the support before the run's program compiles (a cheap program of its own;
+    a ``Partial``'s data are its arguments, as in the run's)."""
+    density = _start_density_partial if isinstance(logdensity_fn, jax.tree_util.Partial) else _start_density
+    _check_finite(*density(logdensity_fn, positions, *data))
 
 
 _init_jit = jax.jit(lambda init, positions, rng_key: init(positions, rng_key), static_argnums=0)
 _start_density = jax.jit(lambda fn, positions, *data: jax.vmap(jax.value_and_grad(fn))(positions, *data),
                          static_argnums=0)
+_start_density_partial = jax.jit(lambda fn, positions, *data: jax.vmap(jax.value_and_grad(fn))(positions, *data))
 
 
 def _chain_data(options) -> tuple:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -122,10 +123,28 @@ def _gp_tuner(space, plan, *, noise_variance, **gp_options):
     return gp_ucb(space, noise_variance=noise_variance, k=plan.k, freeze_after=plan.freeze_rounds, **gp_options)
 
 
+class WarmInputs(NamedTuple):
+    """A checked snapshot's values that start an engine, as arrays: :func:`ahmc.adapters._jax_run.sample`
+    passes them to its compiled program as arguments, so a refit from another snapshot of the same shapes
+    compiles nothing.  ``tuner_prior``: the tuner's first state, the snapshot's GP evidence on the grid."""
+
+    inverse_mass_matrix: Any
+    step_size: Any
+    tuner_prior: Any
+
+
+def warm_inputs(engine_parts, snapshot) -> WarmInputs:
+    """The :class:`WarmInputs` of ``snapshot`` for an engine built with ``warm_start=snapshot``."""
+    return WarmInputs(np.asarray(snapshot.inverse_mass_matrix), np.asarray(snapshot.step_size, float),
+                      engine_parts.tuner_prior)
+
+
 def _tuner_prior(tuner, warm_start, max_weight):
     """The tuner's first state holding a warm start's GP evidence (None without a warm start)."""
     if warm_start is None:
         return None
+    if isinstance(warm_start, WarmInputs):
+        return warm_start.tuner_prior
     space = tuner.space
     arms, rewards, weights, start_arm = prior_evidence(warm_start, space.step_size_unit, space.num_steps_unit,
                                                        max_weight)
@@ -137,7 +156,8 @@ def _warm_metric(warm_start, inverse_mass_matrix, dense_mass, initial_step_size,
     (``follow_snapshot``: the snapshot's matrix sets ``dense_mass``; a ``metric_recipe`` sets it otherwise)."""
     if warm_start is None:
         return inverse_mass_matrix, dense_mass, initial_step_size
-    if not hasattr(warm_start, "inverse_mass_matrix") or not hasattr(warm_start, "gp_arms"):
+    if not isinstance(warm_start, WarmInputs) and not (hasattr(warm_start, "inverse_mass_matrix")
+                                                       and hasattr(warm_start, "gp_arms")):
         raise ValueError("warm_start must be an ahmc.core.snapshot.TuningSnapshot (or the path of a saved one); "
                          f"got {type(warm_start).__name__}.")
     if inverse_mass_matrix is None:

@@ -10,8 +10,10 @@ user is told why.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -83,15 +85,64 @@ def _storable(options: dict) -> dict:
 
 
 def _split_data(data):
-    """``(arrays, rebuild)``: the array leaves of ``data`` (traced in the check) and a function that puts them
-    back among its other leaves (kept static: Python numbers, strings, callables)."""
+    """``(arrays, rebuild)``: the array leaves of ``data`` (traced in the check) and a :class:`_Rebuild` that puts
+    them back among its other leaves (kept static: Python numbers, strings, callables)."""
     leaves, treedef = jax.tree.flatten(data)
-    is_array = [isinstance(leaf, (np.ndarray, jax.Array)) and np.ndim(leaf) > 0 for leaf in leaves]
+    is_array = tuple(isinstance(leaf, (np.ndarray, jax.Array)) and np.ndim(leaf) > 0 for leaf in leaves)
+    static = tuple(None if a else leaf for leaf, a in zip(leaves, is_array))
+    return [leaf for leaf, a in zip(leaves, is_array) if a], _Rebuild(treedef, static, is_array)
 
-    def rebuild(arrays):
+
+@dataclasses.dataclass(frozen=True)
+class _Rebuild:
+    """``data``'s tree from its array leaves (its other leaves kept); hashable when they are, so that the
+    check's program is compiled once for every refit of the same shapes (:func:`_check_program`)."""
+
+    treedef: Any
+    static_leaves: tuple
+    is_array: tuple
+
+    def __call__(self, arrays):
         it = iter(arrays)
-        return jax.tree.unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)])
-    return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild
+        return jax.tree.unflatten(self.treedef, [next(it) if a else leaf
+                                                 for leaf, a in zip(self.static_leaves, self.is_array)])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Constant:
+    """``make`` of a log density without data arguments: ``make(anything) = logdensity_fn``."""
+
+    logdensity_fn: Callable
+
+    def __call__(self, _):
+        return self.logdensity_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unravel:
+    """``ravel_pytree``'s unravel for one chain's position, by its structure (hashable, unlike the closure)."""
+
+    treedef: Any
+    shapes: tuple
+    dtypes: tuple
+
+    @classmethod
+    def of(cls, position):
+        leaves, treedef = jax.tree.flatten(position)
+        return cls(treedef, tuple(np.shape(x) for x in leaves), tuple(str(jnp.result_type(x)) for x in leaves))
+
+    def __call__(self, flat):
+        zeros = [jnp.zeros(shape, dtype) for shape, dtype in zip(self.shapes, self.dtypes)]
+        return ravel_pytree(jax.tree.unflatten(self.treedef, zeros))[1](flat)
+
+
+def _data_of(logdensity_fn):
+    """``(make, data)`` for a log density: a ``jax.tree_util.Partial``'s leaves are its data (arguments of the
+    check's program), any other function is its own ``make``."""
+    if isinstance(logdensity_fn, jax.tree_util.Partial):
+        leaves, treedef = jax.tree.flatten(logdensity_fn)
+        return _Rebuild(treedef, (None,) * len(leaves), (True,) * len(leaves)), list(leaves)
+    return _Constant(logdensity_fn), ()
 
 
 def _check_program(make: Callable, rebuild: Callable, unravel: Callable, kernel: Callable | None = None,
@@ -119,22 +170,33 @@ def _check_program(make: Callable, rebuild: Callable, unravel: Callable, kernel:
     return jax.jit(jax.vmap(one_chain, in_axes=(0, 0, None, None, None, 0 if per_chain_data else None)))
 
 
+_cached_check_program = functools.lru_cache(maxsize=16)(_check_program)
+
+
+def _check_program_for(*key):
+    """:func:`_check_program`, compiled once per log density and shapes where its parts are hashable."""
+    try:
+        return _cached_check_program(*key)
+    except TypeError:  # an unhashable static leaf of the data
+        return _check_program(*key)
+
+
 def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel, data_logdensity=None,
                kernel=None, per_chain_data=False):
     """``(flat draws (C, n, d), mean acceptance)`` of the check: HMC at the snapshot's arm, ``L_t ~ U{1..L}``.
 
     The snapshot's values and, with ``data_logdensity = (make, data)`` (``make(data)`` is the log density),
-    the data's arrays are the compiled program's arguments, not constants: a refit on new data of the same
-    shapes then compiles the same program, which JAX's persistent compilation cache serves (docs/warm_start.md).
+    the data's arrays (or a ``jax.tree_util.Partial`` log density's) are the compiled program's arguments, not
+    constants: a refit on new data of the same shapes runs the program compiled before (docs/warm_start.md).
     ``per_chain_data``: the data have a leading chain axis, chain ``c`` checked on ``make(data_c)``.
     """
     eps, max_steps = snapshot.arm
-    make, data = data_logdensity if data_logdensity is not None else ((lambda _: logdensity_fn), ())
+    make, data = data_logdensity if data_logdensity is not None else _data_of(logdensity_fn)
     arrays, rebuild = _split_data(data)
     args = (jax.random.split(rng_key, start.shape[0]), start, jnp.asarray(eps, start.dtype),
             jnp.asarray(max_steps, jnp.int32), jnp.asarray(snapshot.inverse_mass_matrix, start.dtype))
     try:
-        draws, accept = _check_program(make, rebuild, unravel, kernel, per_chain_data)(*args, arrays)
+        draws, accept = _check_program_for(make, rebuild, unravel, kernel, per_chain_data)(*args, arrays)
     except jax.errors.JAXTypeError:  # a model that needs its data concrete (NumPy on it): the data as constants
         if per_chain_data:
             raise
@@ -156,7 +218,8 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
     every chain is checked on its own data's posterior and the verdict is one for all.
     """
     snapshot = load_snapshot(warm_start)
-    flat0, unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
+    flat0, _ = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
+    unravel = _Unravel.of(jax.tree.map(lambda x: x[0], positions))
     num_chains = int(np.shape(jax.tree.leaves(positions)[0])[0])
     snapshot, reason = match_coordinates(snapshot, coordinates(jax.tree.map(lambda x: x[0], positions)))
     other_metric = None if snapshot is None else check_metric(snapshot, metric)

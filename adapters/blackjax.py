@@ -481,7 +481,9 @@ def run_chains(
     :func:`ahmc.adapters.diagnostics.history_from_blackjax` needs for the reward surface, and
     :func:`tuning_snapshot` what a warm start needs).
     The run is one compiled program, compiled once per engine and shape: a second call with the
-    same log density, options and shapes compiles nothing.
+    same log density, options and shapes compiles nothing.  A ``jax.tree_util.Partial`` log density's
+    arrays (its data), ``chain_data`` and a warm start's values are the program's arguments, so a refit
+    on new data of the same shapes, cold or warm, compiles nothing either.
 
     Positions sharded along the chain axis (:func:`shard_chains`, or your own ``NamedSharding`` over a
     one-axis mesh) run sharded: each device advances its block of chains, the pooled tuner is one tuner

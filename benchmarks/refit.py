@@ -18,6 +18,12 @@ the snapshot read off the earlier fit's DataTree by ``ahmc.adapters.pymc.tuning_
 ``--metric softabs`` (any metric name ``run_chains`` takes) refits the BlackJAX route with Riemann-manifold
 HMC: the snapshot then keeps the step size and GP evidence, and ``G(x)`` is computed on the new posterior.
 
+``--route partial`` refits the logistic regressions on the BlackJAX route with each log density a
+``jax.tree_util.Partial(logdensity, X, y)``, the data as arguments of ``run_chains``' compiled program, in
+one process: the earlier fit (cold, then a warm refit) compiles the programs of its shapes, and a refit of
+the same shapes, cold or warm, compiles nothing (a bootstrap resample; one more batch is a new shape, which
+the first seed's cold and warm refits each compile once).
+
 ``--route numpyro`` refits the logistic regressions with ``MCMC(AdaptiveHMC(model, warm_start=...))``, the data
 as model arguments (``jit_model_args=True``) and JAX's persistent compilation cache on (a fresh folder for
 the run), as a user who refits the same model daily would run it: the earlier fit compiles the programs and
@@ -84,6 +90,22 @@ def scenarios(name: str, rng):
     yield "+10% rows", logistic_regression(name, X[:first], y[:first], ""), logistic_regression(name, X, y, "")
 
 
+def _logistic_logdensity(X, y, x):
+    """The benchmark's logistic regression (:func:`benchmarks.models.logistic_regression`), data first."""
+    from .models import PRIOR_VARIANCE
+
+    eta = x[0] + X @ x[1:]
+    return jax.numpy.sum(y * eta - jax.nn.softplus(eta)) - 0.5 * jax.numpy.sum(x**2) / PRIOR_VARIANCE
+
+
+def partial_scenarios(name: str, rng):
+    """The logistic regressions' scenarios (the rows of :func:`scenarios`), each log density a
+    ``jax.tree_util.Partial`` of one function and its data: refits of the same shapes compile nothing."""
+    for label, (X, y), (X_new, y_new) in numpyro_scenarios(name, rng):
+        yield (label, Posterior(jax.tree_util.Partial(_logistic_logdensity, X, y), X.shape[1] + 1),
+               Posterior(jax.tree_util.Partial(_logistic_logdensity, X_new, y_new), X.shape[1] + 1))
+
+
 def strict_ess(draws) -> float:
     draws = np.asarray(draws, dtype=float)
     squares = (draws - draws.mean(axis=(0, 1))) ** 2
@@ -97,7 +119,9 @@ def mcse(draws):
 def run(model, seed: int, num_warmup: int, warm_start=None, metric=None) -> dict:
     """One ``run_chains`` fit (``metric``: RMHMC's, by name), timed from the call."""
     positions = 0.1 * jax.random.normal(jax.random.key(seed), (NUM_CHAINS, model.dim))
-    logdensity = lambda x: model.logdensity_fn(x)  # noqa: E731  -- a new function: compiled anew, as a refit is
+    logdensity = model.logdensity_fn
+    if not isinstance(logdensity, jax.tree_util.Partial):  # a new function: compiled anew, as a refit is
+        logdensity = lambda x: model.logdensity_fn(x)  # noqa: E731
     extra = {} if metric is None else {"metric": metric}
     start = time.perf_counter()
     samples, info, state = run_chains(jax.random.key(seed + 1), logdensity, positions, num_warmup, NUM_SAMPLES,
@@ -210,11 +234,11 @@ def run_numpyro(data, seed: int, num_warmup: int, warm_start=None) -> dict:
 
 def compare(name: str, seeds: int, route: str = "blackjax", metric: str | None = None) -> list[dict]:
     rows = []
-    fit, cases = {"pymc": (run_pymc, pymc_scenarios), "numpyro": (run_numpyro, numpyro_scenarios)}.get(
-        route, (functools.partial(run, metric=metric), scenarios))
+    fit, cases = {"pymc": (run_pymc, pymc_scenarios), "numpyro": (run_numpyro, numpyro_scenarios),
+                  "partial": (run, partial_scenarios)}.get(route, (functools.partial(run, metric=metric), scenarios))
     for label, earlier, refit in cases(name, np.random.default_rng(0)):
         snapshot = fit(earlier, 100, COLD_WARMUP)["snapshot"]
-        if route == "numpyro":  # the earlier day's warm refit: the warm programs are in the cache too
+        if route in ("numpyro", "partial"):  # the earlier day's warm refit: the warm programs are compiled too
             fit(earlier, 101, WARM_WARMUP, warm_start=snapshot)
         per_seed = []
         for seed in range(seeds):
@@ -258,7 +282,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--models", default=None, help="default: pima,breast_cancer,kidiq (pymc: no kidiq)")
-    parser.add_argument("--route", choices=("blackjax", "numpyro", "pymc"), default="blackjax")
+    parser.add_argument("--route", choices=("blackjax", "partial", "numpyro", "pymc"), default="blackjax")
     parser.add_argument("--metric", default=None, help="RMHMC's metric on the BlackJAX route, e.g. softabs")
     args = parser.parse_args(argv)
     if args.metric is not None and args.route != "blackjax":

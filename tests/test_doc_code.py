@@ -38,6 +38,7 @@ MARKERS = {
     "cross_validation": "cv = cross_validate(model, X, y,",
     "warm_start": 'tuning_snapshot(info, state).save("fit.json")',
     "warm_start_no_recompile": "jit_model_args=True)",
+    "warm_start_partial": "jax.tree_util.Partial(logistic, X_new, y_new)",
     "readme_devices": "positions = shard_chains(jax.random.normal(key, (64, dim)))",
 }
 
@@ -301,6 +302,37 @@ def test_warm_start_block_runs(tmp_path, monkeypatch):
     assert (tmp_path / "fit.json").exists()
     assert np.asarray(names["info"].is_warmup).sum(axis=1).tolist() == [250] * 4
     assert names["samples"].shape == (4, 1000, 10)
+
+
+def test_warm_start_with_data_as_arguments_block_runs():
+    """The BlackJAX refit block, on a simulated logistic regression and a bootstrap resample of it: the
+    warm refit is used (no fallback) and compiles no new run program (the cold fit compiled the
+    1000-iteration one; the warm refit's 250-iteration one is new, and a second warm refit reuses it)."""
+    pytest.importorskip("blackjax")
+    import warnings
+
+    import jax.numpy as jnp
+
+    from ahmc.adapters import _jax_run
+    from ahmc.adapters._jax_snapshot import WarmStartWarning
+
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(rng.normal(size=(300, 3)))
+    y = jnp.asarray((rng.uniform(size=300) < 1 / (1 + np.exp(-np.asarray(X) @ np.array([1.0, -0.5, 0.0]))))
+                    .astype(float))
+    rows = rng.integers(0, 300, 300)
+    code = block("warm_start_partial").replace("1000, 1000", "1000, 200").replace("250, 1000", "250, 200")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)  # the snapshot fits the refit
+        names = run(code, X=X, y=y, X_new=X[rows], y_new=y[rows])
+        programs = _jax_run._spec_run_jit._cache_size()
+        refit = code.split("# Each refit")[1].split("\n", 1)[1]
+        again = run(refit, **{**names, "X_new": X[rows[::-1]], "y_new": y[rows[::-1]]})
+    assert _jax_run._spec_run_jit._cache_size() == programs  # the second refit compiled nothing
+    assert names["samples"].shape == again["samples"].shape == (4, 200, 3)
+    assert np.asarray(names["info"].is_warmup).sum(axis=1).tolist() == [250] * 4
+    assert np.all(np.abs(np.asarray(again["samples"]).mean(axis=(0, 1)) - np.asarray(names["samples"]).mean(
+        axis=(0, 1))) < 0.5)
 
 
 def test_warm_start_without_recompiling_block_runs(tmp_path, monkeypatch):

@@ -5,6 +5,8 @@
 ``run_chains``, ``gpucb_adaptation(...).run``) take a leading chain axis and refuse anything else.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ from ahmc.adapters.blackjax import (
     pooled_adaptive_hmc,
     run_chains,
 )
+from ahmc.core.snapshot import WarmStartWarning
 from tests.reference import assert_moments_match
 
 NUM_CHAINS = 4
@@ -154,17 +157,55 @@ def test_run_chains_compiles_once_per_shape_and_puts_chains_first():
         return ill_scaled_3(x)
 
     positions = jnp.zeros((NUM_CHAINS, 3)) + 0.1
-    before = _jax_run._whole_run_jit._cache_size()
+    before = _jax_run._spec_run_jit._cache_size()
     first, info = run_chains(jax.random.key(0), fresh, positions, 60, 20)
-    assert _jax_run._whole_run_jit._cache_size() == before + 1
+    assert _jax_run._spec_run_jit._cache_size() == before + 1
     again, _ = run_chains(jax.random.key(0), fresh, positions, 60, 20)
-    assert _jax_run._whole_run_jit._cache_size() == before + 1
+    assert _jax_run._spec_run_jit._cache_size() == before + 1
     np.testing.assert_array_equal(np.asarray(first), np.asarray(again))  # same key, same draws
     assert np.shape(first)[:2] == (NUM_CHAINS, 20)
     assert all(np.shape(field) == (NUM_CHAINS, 80) for field in info)
     assert not np.asarray(info.is_warmup)[:, 60:].any() and np.asarray(info.is_warmup)[:, :60].all()
     run_chains(jax.random.key(0), fresh, jnp.zeros((NUM_CHAINS + 1, 3)) + 0.1, 60, 20)  # a new shape
-    assert _jax_run._whole_run_jit._cache_size() == before + 2
+    assert _jax_run._spec_run_jit._cache_size() == before + 2
+
+
+def test_a_refit_on_new_data_of_the_same_shapes_compiles_nothing():
+    """Data given as a ``jax.tree_util.Partial``'s arguments (and a warm start's values) are the compiled
+    program's arguments: a refit on other data of the same shapes, cold or from another snapshot, runs the
+    same program; the draws follow the data."""
+    from ahmc.adapters import _jax_run
+    from ahmc.adapters.blackjax import tuning_snapshot
+
+    def regression_density(scales, x):  # a Partial's arguments come first; no other test compiles this
+        return -0.5 * jnp.sum((x / scales) ** 2)
+
+    positions = jnp.zeros((NUM_CHAINS, 3)) + 0.1
+    first = jax.tree_util.Partial(regression_density, jnp.asarray([0.1, 1.0, 10.0]))
+    before = _jax_run._spec_run_jit._cache_size()
+    samples, info, state = run_chains(jax.random.key(0), first, positions, 200, 100, return_state=True)
+    assert _jax_run._spec_run_jit._cache_size() == before + 1
+    wider = jax.tree_util.Partial(regression_density, jnp.asarray([0.12, 1.2, 12.0]))
+    refit, _ = run_chains(jax.random.key(0), wider, positions, 200, 100)
+    assert _jax_run._spec_run_jit._cache_size() == before + 1  # cold refit: the same program
+    assert not np.allclose(np.asarray(refit), np.asarray(samples))
+    snapshot = tuning_snapshot(info, state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)  # the snapshots fit: these are warm runs
+        run_chains(jax.random.key(1), wider, positions, 100, 100, warm_start=snapshot)
+    assert _jax_run._spec_run_jit._cache_size() == before + 2  # the warm program: another warm-up length
+    _, refit_info, refit_state = run_chains(jax.random.key(2), wider, positions, 200, 100, return_state=True)
+    other = tuning_snapshot(refit_info, refit_state)
+    narrower = jax.tree_util.Partial(regression_density, jnp.asarray([0.095, 0.95, 9.5]))
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kwargs: compiles.append(event) if event.endswith("backend_compile_duration") else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmStartWarning)
+        again, _ = run_chains(jax.random.key(1), narrower, positions, 100, 100, warm_start=other)
+    assert compiles == []  # another snapshot, other data: the checks and the run compile nothing
+    assert _jax_run._spec_run_jit._cache_size() == before + 2
+    assert np.all(np.isfinite(np.asarray(again)))
 
 
 def ill_scaled_3(x):
