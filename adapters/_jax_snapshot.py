@@ -75,7 +75,17 @@ def engine_snapshot(state, step_size, num_steps, *, options=None, source: str = 
         gp_arms=unit(buffer.arm[occupied]), gp_rewards=np.asarray(buffer.mean_reward[occupied], float),
         gp_counts=np.asarray(buffer.count[occupied], float), arm_unit=unit(tuner.arm),
         options=_storable(options or {}), source=source,
-        coordinates=coordinates(jax.tree.map(lambda x: x[0], state.position)))
+        coordinates=coordinates(jax.tree.map(lambda x: x[0], state.position)),
+        draw_variances=None if metric else _window_variances(state))
+
+
+def _window_variances(state):
+    """The last mass-matrix window's variances of the draws, or None (no window closed, or no such state)."""
+    variances = getattr(getattr(state, "mass_matrix_adaptation", None), "draw_variance", None)
+    if variances is None:
+        return None
+    variances = np.asarray(variances, float)
+    return variances if np.all(np.isfinite(variances) & (variances > 0)) else None
 
 
 def _storable(options: dict) -> dict:

@@ -341,10 +341,13 @@ class ScaleMoments(NamedTuple):
 
 
 class MetricAdaptation(NamedTuple):
-    """The metric phase's state: BlackJAX's estimator and the window's :class:`ScaleMoments`."""
+    """The metric phase's state: BlackJAX's estimator, the window's :class:`ScaleMoments` and the last closed
+    window's sample variances of the draws (zeros before one closes): a warm start's check compares with them,
+    since a Fisher estimate's diagonal sits below the posterior's variances where it is not Gaussian."""
 
     estimator: Any
     moments: ScaleMoments
+    draw_variance: Any
 
 
 def _fresh_moments(dim: int, dtype) -> ScaleMoments:
@@ -416,7 +419,8 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
         return _fixed_dtypes(cores[dense].init(dim), dtype)
 
     def mass_matrix_state(dim, dtype, dense, num_chains=1):
-        return MetricAdaptation(estimator_state(dim, dtype, dense, num_chains), _fresh_moments(dim, dtype))
+        return MetricAdaptation(estimator_state(dim, dtype, dense, num_chains), _fresh_moments(dim, dtype),
+                                jnp.zeros((dim,), dtype))
 
     def uses_fisher(mm_state):  # static: BlackJAX's Fisher estimators floor var(grad)
         return is_low_rank(mm_state) or recipe == "fisher_diag"
@@ -433,7 +437,7 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
     def close_window(operand):
         """A mass-matrix window's end: its estimate (shrunk if dense Welford), the dual averaging restarted."""
         metric_state, imm, da_state, _ = operand
-        mm_state, moments = metric_state
+        mm_state, moments = metric_state.estimator, metric_state.moments
         dtype = imm.dtype
         window_mean = _window_mean(mm_state).astype(dtype) if use_center else None
         num_draws = mm_state.wc_state.sample_size if hasattr(mm_state, "wc_state") else None
@@ -457,7 +461,8 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
         new_imm = rescue_scales(new_imm.astype(dtype), moments, uses_fisher(mm_state))
         restart = step_size_state(jnp.exp(da_state.log_step_size))
         fresh = _fresh_moments(moments.mean_x.shape[0], dtype)
-        return MetricAdaptation(mm_state, fresh), new_imm, restart, window_mean
+        draw_variance = (moments.m2_x / jnp.maximum(moments.count - 1.0, 1.0)).astype(dtype)
+        return MetricAdaptation(mm_state, fresh, draw_variance), new_imm, restart, window_mean
 
     def adapt_metric(state, flat_new, flat_grad, da_state, in_metric_phase, phase_it):
         """The pooled estimator takes the chains' positions (and gradients) in a slow window and closes at its end."""
@@ -467,7 +472,8 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
             def one(s, xg):
                 return _fixed_dtypes(estimator_step(s, lambda t: core_of(s).update(t, *xg)), flat_new.dtype), None
             estimator = jax.lax.scan(one, metric_state.estimator, (flat_new, flat_grad))[0]
-            return MetricAdaptation(estimator, _accumulate_moments(metric_state.moments, flat_new, flat_grad))
+            return metric_state._replace(estimator=estimator,
+                                         moments=_accumulate_moments(metric_state.moments, flat_new, flat_grad))
 
         mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_draws, lambda s: s,
                                 state.mass_matrix_adaptation)

@@ -79,6 +79,9 @@ class TuningSnapshot:
                                            callable's type name); "" for HMC with a mass matrix.  An RMHMC
                                            snapshot's ``inverse_mass_matrix`` is the identity: ``G(x)`` is
                                            computed afresh on the new posterior, and ``eps`` is in its units
+    draw_variances      : (d,) or None     the posterior's variances from the run's draws (the JAX routes: the
+                                           last mass-matrix window's), the check's reference; None: the inverse
+                                           mass matrix's diagonal, which a Fisher estimate puts below them
     """
 
     inverse_mass_matrix: Any
@@ -95,6 +98,7 @@ class TuningSnapshot:
     source: str = ""
     coordinates: tuple = ()
     metric: str = ""
+    draw_variances: Any = None
 
     def __post_init__(self):
         imm = _array(self.inverse_mass_matrix)
@@ -124,6 +128,11 @@ class TuningSnapshot:
             raise ValueError(f"TuningSnapshot: coordinates {blocks} do not add up to the dimension {imm.shape[0]}.")
         object.__setattr__(self, "coordinates", blocks)
         object.__setattr__(self, "metric", str(self.metric))
+        if self.draw_variances is not None:
+            variances = _array(self.draw_variances).reshape(-1)
+            if variances.shape != (imm.shape[0],) or not np.all(np.isfinite(variances) & (variances > 0)):
+                raise ValueError(f"TuningSnapshot: draw_variances must be {imm.shape[0]} positive numbers or None.")
+            object.__setattr__(self, "draw_variances", variances)
 
     @property
     def dim(self) -> int:
@@ -131,7 +140,10 @@ class TuningSnapshot:
 
     @property
     def variances(self) -> np.ndarray:
-        """The metric's per-coordinate variances (the diagonal of the inverse mass matrix)."""
+        """The posterior's per-coordinate variances the check compares with: ``draw_variances``, or the
+        diagonal of the inverse mass matrix when the snapshot has none."""
+        if self.draw_variances is not None:
+            return self.draw_variances.copy()
         imm = self.inverse_mass_matrix
         return np.diag(imm).copy() if imm.ndim == 2 else imm.copy()
 
@@ -250,8 +262,9 @@ def match_coordinates(snapshot: TuningSnapshot, coordinates) -> tuple[TuningSnap
     order = np.concatenate([np.arange(starts[name], starts[name] + size) for name, size in blocks])
     imm = snapshot.inverse_mass_matrix
     imm = imm[np.ix_(order, order)] if imm.ndim == 2 else imm[order]
+    variances = None if snapshot.draw_variances is None else snapshot.draw_variances[order]
     return dataclasses.replace(snapshot, inverse_mass_matrix=imm, positions=snapshot.positions[:, order],
-                               coordinates=blocks), ""
+                               coordinates=blocks, draw_variances=variances), ""
 
 
 def metric_name(metric) -> str:

@@ -83,6 +83,28 @@ def test_the_check_passes_the_same_posterior_and_refuses_another_scale():
     assert MAX_VARIANCE_RATIO == 3.0
 
 
+def test_the_check_compares_with_the_draws_variances_when_the_snapshot_has_them():
+    """A Fisher metric's diagonal can sit well below the posterior's variances (here a third): checked
+    against it, draws of the very posterior the snapshot came from look 3x wider and are refused; the
+    snapshot's draw variances are the reference when it has them, and then they fit."""
+    fisher = snapshot(inverse_mass_matrix=VARIANCES / 3.0)
+    same = gaussian_draws(VARIANCES, seed=7)
+    assert not check_fit(fisher, same, acceptance_rate=0.8).fits
+    with_draws = snapshot(inverse_mass_matrix=VARIANCES / 3.0, draw_variances=VARIANCES)
+    report = check_fit(with_draws, same, acceptance_rate=0.8)
+    assert report.fits
+    np.testing.assert_allclose(report.variance_ratio, 1.0, atol=0.2)
+    assert not check_fit(with_draws, gaussian_draws(10.0 * VARIANCES, seed=8), acceptance_rate=0.8).fits
+    loaded = TuningSnapshot.from_json(with_draws.to_json())
+    np.testing.assert_array_equal(loaded.draw_variances, VARIANCES)
+    assert TuningSnapshot.from_json(fisher.to_json()).draw_variances is None
+    named = snapshot(draw_variances=VARIANCES, coordinates=(("a", 2), ("x", 4)))
+    moved, _ = match_coordinates(named, (("x", 4), ("a", 2)))
+    np.testing.assert_array_equal(moved.draw_variances, VARIANCES[[2, 3, 4, 5, 0, 1]])
+    with pytest.raises(ValueError, match="draw_variances"):
+        snapshot(draw_variances=-VARIANCES)
+
+
 def test_the_check_refuses_a_low_acceptance_and_another_dimension():
     snap = snapshot()
     low = check_fit(snap, gaussian_draws(VARIANCES), acceptance_rate=MIN_ACCEPTANCE / 2)
