@@ -80,8 +80,8 @@ class TuningSnapshot:
                                            snapshot's ``inverse_mass_matrix`` is the identity: ``G(x)`` is
                                            computed afresh on the new posterior, and ``eps`` is in its units
     draw_variances      : (d,) or None     the posterior's variances from the run's draws (the JAX routes: the
-                                           last mass-matrix window's), the check's reference; None: the inverse
-                                           mass matrix's diagonal, which a Fisher estimate puts below them
+                                           last mass-matrix window's); the check compares with the larger of
+                                           them and the inverse mass matrix's diagonal (:attr:`variances`)
     """
 
     inverse_mass_matrix: Any
@@ -140,12 +140,16 @@ class TuningSnapshot:
 
     @property
     def variances(self) -> np.ndarray:
-        """The posterior's per-coordinate variances the check compares with: ``draw_variances``, or the
-        diagonal of the inverse mass matrix when the snapshot has none."""
-        if self.draw_variances is not None:
-            return self.draw_variances.copy()
+        """The posterior's per-coordinate variances the check compares with: the larger of ``draw_variances``
+        and the inverse mass matrix's diagonal (the diagonal alone when the snapshot has no draw variances).
+
+        Each errs low in its own way: a Fisher estimate where the posterior is not Gaussian (it is the
+        geometric mean of the draws' variance and a gradient-based bound), a window's draws where they have
+        not yet spread over a wide coordinate (which the gradients see).
+        """
         imm = self.inverse_mass_matrix
-        return np.diag(imm).copy() if imm.ndim == 2 else imm.copy()
+        diagonal = np.diag(imm).copy() if imm.ndim == 2 else imm.copy()
+        return diagonal if self.draw_variances is None else np.maximum(self.draw_variances, diagonal)
 
     def to_dict(self) -> dict:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -95,6 +95,10 @@ def test_the_check_compares_with_the_draws_variances_when_the_snapshot_has_them(
     assert report.fits
     np.testing.assert_allclose(report.variance_ratio, 1.0, atol=0.2)
     assert not check_fit(with_draws, gaussian_draws(10.0 * VARIANCES, seed=8), acceptance_rate=0.8).fits
+    # A window whose draws had not spread (a tenth of the variances) does not lower the reference.
+    unexplored = snapshot(inverse_mass_matrix=VARIANCES, draw_variances=VARIANCES / 10.0)
+    np.testing.assert_array_equal(unexplored.variances, VARIANCES)
+    assert check_fit(unexplored, same, acceptance_rate=0.8).fits
     loaded = TuningSnapshot.from_json(with_draws.to_json())
     np.testing.assert_array_equal(loaded.draw_variances, VARIANCES)
     assert TuningSnapshot.from_json(fisher.to_json()).draw_variances is None
