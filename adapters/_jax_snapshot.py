@@ -180,15 +180,19 @@ def _check_program(make: Callable, rebuild: Callable, unravel: Callable, kernel:
     return jax.jit(jax.vmap(one_chain, in_axes=(0, 0, None, None, None, 0 if per_chain_data else None)))
 
 
-_cached_check_program = functools.lru_cache(maxsize=16)(_check_program)
+_cached_check_program = functools.lru_cache(maxsize=8)(_check_program)
 
 
-def _check_program_for(*key):
-    """:func:`_check_program`, compiled once per log density and shapes where its parts are hashable."""
+def _check_program_for(make, *rest):
+    """:func:`_check_program`, compiled once per log density and shapes when ``make`` is one of this module's
+    (a plain function or a ``Partial``'s structure, run_chains): other callers' ``make`` is a new function
+    per call, whose cached program would only hold on to its compiled code."""
+    if not isinstance(make, (_Constant, _Rebuild)):
+        return _check_program(make, *rest)
     try:
-        return _cached_check_program(*key)
+        return _cached_check_program(make, *rest)
     except TypeError:  # an unhashable static leaf of the data
-        return _check_program(*key)
+        return _check_program(make, *rest)
 
 
 def _check_run(logdensity_fn, snapshot: TuningSnapshot, start, rng_key, unravel, data_logdensity=None,
