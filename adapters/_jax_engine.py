@@ -155,6 +155,11 @@ def build_engine(
                   tuner=tuner, config=config, scan_draws=partial(scan_draws, parts, step))
 
 
+def engine_parts(engine: Engine) -> EngineParts:
+    """What :func:`build_engine` resolved for ``engine`` (its functions are partials over it)."""
+    return engine.init.args[0]
+
+
 def _step(parts: EngineParts, rng_key, state: EngineState, sampling: bool = False, round_end: str = "cond"):
     """One iteration of every chain: ``(state, info)``.
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._jax_engine import build_engine
+from ._jax_engine import build_engine, engine_parts
 from ._jax_setup import _check_finite, warm_inputs
 
 __all__ = ["sample", "compiled_init"]
@@ -136,7 +136,7 @@ def _run_spec(logdensity_fn, num_warmup: int, num_samples: int, options: dict):
     warm = options.get("warm_start")
     if warm is not None:  # the snapshot's values as arrays: its GP evidence on this engine's grid
         engine = build_engine(logdensity_fn, num_warmup=num_warmup, **options)
-        warm = warm_inputs(engine.init.args[0], warm)
+        warm = warm_inputs(engine_parts(engine), warm)
     try:
         options_key = _frozen(rest)
     except TypeError:
