@@ -237,6 +237,8 @@ def compare(name: str, seeds: int, route: str = "blackjax", metric: str | None =
     fit, cases = {"pymc": (run_pymc, pymc_scenarios), "numpyro": (run_numpyro, numpyro_scenarios),
                   "partial": (run, partial_scenarios)}.get(route, (functools.partial(run, metric=metric), scenarios))
     for label, earlier, refit in cases(name, np.random.default_rng(0)):
+        if route == "numpyro":  # every new MCMC keeps its programs in JAX's caches: free them (docs/warm_start.md)
+            jax.clear_caches()
         snapshot = fit(earlier, 100, COLD_WARMUP)["snapshot"]
         if route in ("numpyro", "partial"):  # the earlier day's warm refit: the warm programs are compiled too
             fit(earlier, 101, WARM_WARMUP, warm_start=snapshot)
