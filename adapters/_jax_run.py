@@ -183,9 +183,12 @@ def _check_start(logdensity_fn, positions, data=()):
 
 
 _init_jit = jax.jit(lambda init, positions, rng_key: init(positions, rng_key), static_argnums=0)
-_start_density = jax.jit(lambda fn, positions, *data: jax.vmap(jax.value_and_grad(fn))(positions, *data),
-                         static_argnums=0)
-_start_density_partial = jax.jit(lambda fn, positions, *data: jax.vmap(jax.value_and_grad(fn))(positions, *data))
+def _densities(fn, positions, *data):
+    return jax.vmap(jax.value_and_grad(fn))(positions, *data)
+
+
+_start_density = jax.jit(_densities, static_argnums=0)
+_start_density_partial = jax.jit(_densities)  # a Partial is a pytree: its data are traced
 
 
 def _chain_data(options) -> tuple:

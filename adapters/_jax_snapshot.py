@@ -80,11 +80,8 @@ def engine_snapshot(state, step_size, num_steps, *, options=None, source: str = 
 
 
 def _window_variances(state):
-    """The last mass-matrix window's variances of the draws, or None (no window closed, or no such state)."""
-    variances = getattr(getattr(state, "mass_matrix_adaptation", None), "draw_variance", None)
-    if variances is None:
-        return None
-    variances = np.asarray(variances, float)
+    """The last mass-matrix window's variances of the draws, or None (no window closed)."""
+    variances = np.asarray(state.mass_matrix_adaptation.draw_variance, float)
     return variances if np.all(np.isfinite(variances) & (variances > 0)) else None
 
 
@@ -130,20 +127,22 @@ class _Constant:
 
 @dataclasses.dataclass(frozen=True)
 class _Unravel:
-    """``ravel_pytree``'s unravel for one chain's position, by its structure (hashable, unlike the closure)."""
+    """``ravel_pytree``'s unravel for one chain's position, compared by the position's structure (hashable,
+    unlike the closure it calls)."""
 
     treedef: Any
     shapes: tuple
     dtypes: tuple
+    unravel: Callable = dataclasses.field(compare=False, hash=False)
 
     @classmethod
     def of(cls, position):
         leaves, treedef = jax.tree.flatten(position)
-        return cls(treedef, tuple(np.shape(x) for x in leaves), tuple(str(jnp.result_type(x)) for x in leaves))
+        return cls(treedef, tuple(np.shape(x) for x in leaves), tuple(str(jnp.result_type(x)) for x in leaves),
+                   ravel_pytree(position)[1])
 
     def __call__(self, flat):
-        zeros = [jnp.zeros(shape, dtype) for shape, dtype in zip(self.shapes, self.dtypes)]
-        return ravel_pytree(jax.tree.unflatten(self.treedef, zeros))[1](flat)
+        return self.unravel(flat)
 
 
 def _data_of(logdensity_fn):
@@ -232,10 +231,11 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
     every chain is checked on its own data's posterior and the verdict is one for all.
     """
     snapshot = load_snapshot(warm_start)
-    flat0, _ = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
-    unravel = _Unravel.of(jax.tree.map(lambda x: x[0], positions))
+    first = jax.tree.map(lambda x: x[0], positions)
+    flat0, _ = ravel_pytree(first)
+    unravel = _Unravel.of(first)
     num_chains = int(np.shape(jax.tree.leaves(positions)[0])[0])
-    snapshot, reason = match_coordinates(snapshot, coordinates(jax.tree.map(lambda x: x[0], positions)))
+    snapshot, reason = match_coordinates(snapshot, coordinates(first))
     other_metric = None if snapshot is None else check_metric(snapshot, metric)
     if snapshot is None:
         report = FitReport(False, reason)

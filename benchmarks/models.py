@@ -145,20 +145,25 @@ def logistic_regression(name: str, X: np.ndarray, y: np.ndarray, description: st
     log p(x | data) = sum_i [y_i log s(eta_i) + (1 - y_i) log s(-eta_i)] - |x|^2 / (2 sigma^2),
     eta = beta_0 + X beta, s the logistic function, sigma^2 = 100.
     """
-    import jax
-    import jax.numpy as jnp
-
     Xs = standardize(np.asarray(X, dtype=np.float64))
     labels = np.asarray(y, dtype=np.float64)
     dim = Xs.shape[1] + 1
 
     def logdensity_fn(x):
-        design = jnp.asarray(Xs, dtype=x.dtype)
-        eta = x[0] + design @ x[1:]
-        loglik = jnp.sum(jnp.asarray(labels, x.dtype) * eta - jax.nn.softplus(eta))
-        return loglik - 0.5 * jnp.sum(x**2) / PRIOR_VARIANCE
+        return logistic_logdensity(Xs, labels, x)
 
     return Model(name, logdensity_fn, dim, np.zeros(dim), description)
+
+
+def logistic_logdensity(X, y, x):
+    """:func:`logistic_regression`'s log density of ``x`` on standardized rows ``X`` and labels ``y`` (the data
+    first, so that ``jax.tree_util.Partial(logistic_logdensity, X, y)`` takes them as arguments)."""
+    import jax
+    import jax.numpy as jnp
+
+    eta = x[0] + jnp.asarray(X, dtype=x.dtype) @ x[1:]
+    loglik = jnp.sum(jnp.asarray(y, x.dtype) * eta - jax.nn.softplus(eta))
+    return loglik - 0.5 * jnp.sum(x**2) / PRIOR_VARIANCE
 
 
 def gaussian(name: str, mean, cov, description: str) -> Model:

@@ -45,7 +45,7 @@ from ahmc.adapters.blackjax import run_chains, tuning_snapshot
 from ahmc.core.snapshot import CHECK_ITERATIONS, WarmStartWarning
 
 from .metrics import bulk_ess, split_rhat
-from .models import load_breast_cancer, load_pima, logistic_regression
+from .models import load_breast_cancer, load_pima, logistic_logdensity, logistic_regression
 from .posteriordb import POSTERIORS, load_data
 
 LOADERS = {"pima": load_pima, "breast_cancer": load_breast_cancer}
@@ -90,20 +90,12 @@ def scenarios(name: str, rng):
     yield "+10% rows", logistic_regression(name, X[:first], y[:first], ""), logistic_regression(name, X, y, "")
 
 
-def _logistic_logdensity(X, y, x):
-    """The benchmark's logistic regression (:func:`benchmarks.models.logistic_regression`), data first."""
-    from .models import PRIOR_VARIANCE
-
-    eta = x[0] + X @ x[1:]
-    return jax.numpy.sum(y * eta - jax.nn.softplus(eta)) - 0.5 * jax.numpy.sum(x**2) / PRIOR_VARIANCE
-
-
 def partial_scenarios(name: str, rng):
     """The logistic regressions' scenarios (the rows of :func:`scenarios`), each log density a
     ``jax.tree_util.Partial`` of one function and its data: refits of the same shapes compile nothing."""
     for label, (X, y), (X_new, y_new) in numpyro_scenarios(name, rng):
-        yield (label, Posterior(jax.tree_util.Partial(_logistic_logdensity, X, y), X.shape[1] + 1),
-               Posterior(jax.tree_util.Partial(_logistic_logdensity, X_new, y_new), X.shape[1] + 1))
+        yield (label, Posterior(jax.tree_util.Partial(logistic_logdensity, X, y), X.shape[1] + 1),
+               Posterior(jax.tree_util.Partial(logistic_logdensity, X_new, y_new), X.shape[1] + 1))
 
 
 def strict_ess(draws) -> float:
