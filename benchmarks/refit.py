@@ -224,7 +224,8 @@ def run_numpyro(data, seed: int, num_warmup: int, warm_start=None) -> dict:
             "why": [str(w.message) for w in caught if issubclass(w.category, WarmStartWarning)]}
 
 
-def compare(name: str, seeds: int, route: str = "blackjax", metric: str | None = None) -> list[dict]:
+def compare(name: str, seeds: int, route: str = "blackjax", metric: str | None = None,
+            warm_warmup: int = WARM_WARMUP) -> list[dict]:
     rows = []
     fit, cases = {"pymc": (run_pymc, pymc_scenarios), "numpyro": (run_numpyro, numpyro_scenarios),
                   "partial": (run, partial_scenarios)}.get(route, (functools.partial(run, metric=metric), scenarios))
@@ -233,10 +234,10 @@ def compare(name: str, seeds: int, route: str = "blackjax", metric: str | None =
             jax.clear_caches()
         snapshot = fit(earlier, 100, COLD_WARMUP)["snapshot"]
         if route in ("numpyro", "partial"):  # the earlier day's warm refit: the warm programs are compiled too
-            fit(earlier, 101, WARM_WARMUP, warm_start=snapshot)
+            fit(earlier, 101, warm_warmup, warm_start=snapshot)
         per_seed = []
         for seed in range(seeds):
-            cold, warm = fit(refit, seed, COLD_WARMUP), fit(refit, seed, WARM_WARMUP, warm_start=snapshot)
+            cold, warm = fit(refit, seed, COLD_WARMUP), fit(refit, seed, warm_warmup, warm_start=snapshot)
             z = (warm["draws"].mean(axis=(0, 1)) - cold["draws"].mean(axis=(0, 1))) / np.hypot(
                 mcse(warm["draws"]), mcse(cold["draws"]))
             per_seed.append((cold, warm, float(np.abs(z).max())))
@@ -278,6 +279,7 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default=None, help="default: pima,breast_cancer,kidiq (pymc: no kidiq)")
     parser.add_argument("--route", choices=("blackjax", "partial", "numpyro", "pymc"), default="blackjax")
     parser.add_argument("--metric", default=None, help="RMHMC's metric on the BlackJAX route, e.g. softabs")
+    parser.add_argument("--warm-warmup", type=int, default=WARM_WARMUP, help="warm runs' num_warmup")
     args = parser.parse_args(argv)
     if args.metric is not None and args.route != "blackjax":
         parser.error("--metric: RMHMC refits run on the BlackJAX route (--route blackjax)")
@@ -288,7 +290,8 @@ def main(argv=None) -> None:
         jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="ahmc-refit-cache-"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     models = args.models or ("pima,breast_cancer,kidiq" if args.route == "blackjax" else "pima,breast_cancer")
-    rows = [row for name in models.split(",") for row in compare(name, args.seeds, args.route, args.metric)]
+    rows = [row for name in models.split(",") for row in compare(name, args.seeds, args.route, args.metric,
+                                                                   args.warm_warmup)]
     print(table(rows))
 
 

@@ -677,14 +677,45 @@ def _tuner_surrogate(spec: _Spec, state: TunerState) -> Surrogate:
     acquisition = state.scale * mean + p * xp.sqrt(beta) * xp.sqrt(state.grid_variance)
     return Surrogate(spec.space.step_sizes, spec.space.num_steps, mean, sd, acquisition)
 
+def _content_key(value):
+    """A hashable key of ``value``'s contents (nested tuples, NumPy arrays and scalars)."""
+    if isinstance(value, tuple):
+        return (type(value).__name__,) + tuple(_content_key(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return value.dtype.str, value.shape, value.tobytes()
+    return value
+
+
+#: The last few prefilled states by their inputs' contents: refits from one snapshot (a loop of folds, a
+#: daily refit in one session) enter the same evidence, one rank-one GP step per arm, in about 35 ms.
+_PREFILLED: dict = {}
+_PREFILLED_MAX = 8
+
+
 def _tuner_prefill(spec: _Spec, arms, rewards, weights, dtype=None, start_arm=None) -> TunerState:
     """A NumPy initial state whose GP already holds ``rewards`` at flat grid indices ``arms`` with ``weights``.
 
     For a warm start: the evidence of an earlier run, entered with the weights the caller chose (less than
     the rounds it took, so that new rewards soon outweigh it); the ``capacity`` heaviest are kept.  The
     round counter and the annealing start afresh, at ``start_arm`` (default: :func:`init`'s first arm);
-    the best reward sets the scale as it did in that run.
+    the best reward sets the scale as it did in that run.  The state's arrays are read-only (they may be
+    shared with an earlier call's).
     """
+    key = _content_key((spec, np.asarray(arms), np.asarray(rewards, float), np.asarray(weights, float),
+                        None if dtype is None else np.dtype(dtype).str, start_arm))
+    if key not in _PREFILLED:
+        if len(_PREFILLED) >= _PREFILLED_MAX:
+            _PREFILLED.pop(next(iter(_PREFILLED)))
+        state = _prefilled(spec, arms, rewards, weights, dtype, start_arm)
+        for array in state:
+            for leaf in (array if isinstance(array, tuple) else (array,)):
+                if isinstance(leaf, np.ndarray):
+                    leaf.setflags(write=False)
+        _PREFILLED[key] = state
+    return _PREFILLED[key]
+
+
+def _prefilled(spec: _Spec, arms, rewards, weights, dtype, start_arm) -> TunerState:
     state = _tuner_init(spec, np, dtype)
     order = np.argsort(-np.asarray(weights, dtype=float), kind="stable")[:spec.capacity]
     for arm_index, reward, weight in zip(np.asarray(arms)[order].tolist(), np.asarray(rewards)[order].tolist(),

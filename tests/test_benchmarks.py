@@ -913,6 +913,7 @@ def test_table1_shows_gradients_per_draw_and_the_arm_each_chain_ended_on():
     assert rows[4].endswith("| 3.3 | - |")
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_pin_engine_records_and_finds_no_change_on_the_same_code(tmp_path, monkeypatch):
     """The refactoring check: a record and a compare of the same code agree; a changed draw is reported."""
     pytest.importorskip("jax")
@@ -976,6 +977,7 @@ def test_pytensor_first_use_is_paid_before_any_pymc_sampler_is_timed():
     assert warm_up_pytensor(["ahmc_numpyro", "ahmc_pymc"]) > 0.0
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_compile_parts_study_times_each_added_part_of_the_engine(jax_x64):
     """The study compiles the transition, then the rounds, then the warm-up: each adds fused kernels."""
     from benchmarks.compile_parts import compile_parts

@@ -126,6 +126,7 @@ def test_the_pymc_step_retry_keeps_the_target():
     assert max(abs(z) for z in z_scores(final)) < 4.5, z_scores(final)
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_numpyro_reports_retries_and_counts_their_gradients():
     """Through NumPyro, on a 10-d funnel: retries only after the metric phase, each marked ``retried``, its
     ``num_steps`` the first try's ``n`` plus the retry's ``8 n`` and the ghost's ``n``; without the option

@@ -61,6 +61,7 @@ def test_low_rank_metric_finds_the_correlation():
     np.testing.assert_allclose(np.diag(imm)[[0, 1, 3, 4]] / SCALES[[0, 1, 3, 4]] ** 2, 1.0, rtol=0.5)
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_the_default_is_low_rank_up_to_200_dimensions_and_welford_diagonal_above():
     def run(dim, **options):
         return run_chains(jax.random.key(2), lambda x: -0.5 * jnp.sum(x * x), jnp.full((2, dim), 0.5),

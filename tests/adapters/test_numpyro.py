@@ -75,6 +75,7 @@ def test_chain_methods_agree_with_the_truth(chain_method, x64):
     assert_moments_match(draws, np.zeros(5), np.asarray(scales))
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_parallel_chain_method_agrees_with_the_truth():
     """chain_method="parallel" (pmap over 4 simulated host devices), same target and check as above."""
     code = textwrap.dedent(
@@ -176,6 +177,7 @@ def test_numpyro_model_through_the_blackjax_loop_recipe(x64):
     assert_moments_match(draws, np.array([1.0, lognormal_mean]), np.array([2.0, lognormal_sd]))
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_esjd_moments_objective_reaches_the_engine():
     """The engine's variance-aware reward through the kernel (its statistics: test_blackjax.py)."""
     mcmc = run(AdaptiveHMC(normal_model, objective="esjd_moments"), DATA, num_chains=2, warmup=200, samples=200)

@@ -110,6 +110,7 @@ def test_unsupported_variables_raise_before_sampling():
             AdaptiveRMHMC(metric="fischer")
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_hierarchical_model_moments():
     """s ~ HalfNormal(1), mu ~ N(0, 1), x_i | mu, s ~ N(mu, s), i = 1..3 (a small funnel): log s has mean
     -(gamma + log 2)/2 and sd pi/sqrt(8), mu ~ N(0, 1), x_i ~ N(0, sd sqrt(2))."""

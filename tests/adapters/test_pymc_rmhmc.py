@@ -276,6 +276,7 @@ def pima():
     return build("pima"), fisher_logistic_metric(design, prior_variance=PRIOR_VARIANCE)
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_pima_logistic_fisher_metric_matches_nuts():
     ref = load_pima_logistic_reference()
     model, metric = pima()

@@ -208,6 +208,7 @@ def test_a_refit_on_new_data_of_the_same_shapes_compiles_nothing():
     assert np.all(np.isfinite(np.asarray(again)))
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_chain_data_of_the_same_shapes_runs_the_same_program():
     """``chain_data`` (chain c samples ``logdensity_fn(x, data_c)``) is an argument of the program too: other
     values of the same shapes compile nothing, and each chain follows its own data."""

@@ -174,6 +174,25 @@ def test_prefill_is_the_update_path_with_the_weights_given():
     assert float(prefilled.scale) == pytest.approx(float(state.scale))
 
 
+def test_prefill_of_the_same_evidence_is_kept_and_other_evidence_is_not():
+    """Refits from one snapshot reuse the prefilled state; any change of the evidence or the grid recomputes it."""
+    space = search_space((0.1, 1.0), (1, 30), num_step_sizes=40)
+    tuner = gp_ucb(space, capacity=16)
+    rng = np.random.default_rng(1)
+    arms = rng.choice(space.num_arms, 10, replace=False)
+    rewards, weights = rng.normal(size=10), rng.uniform(0.5, 4.0, size=10)
+    first = tuner.prefill(arms, rewards, weights)
+    assert tuner.prefill(arms.copy(), rewards.copy(), weights.copy()) is first
+    with pytest.raises(ValueError, match="read-only"):
+        first.grid_variance[0, 0] = 0.0  # shared between calls: nobody may change it
+    moved = rewards.copy()
+    moved[0] += 1.0
+    other = tuner.prefill(arms, moved, weights)
+    assert other is not first and not np.allclose(tuner.surrogate(other).mean, tuner.surrogate(first).mean)
+    wider = gp_ucb(search_space((0.1, 2.0), (1, 30), num_step_sizes=40), capacity=16).prefill(arms, rewards, weights)
+    assert wider is not first
+
+
 @pytest.mark.parametrize("centre", [(0.35, 0.3), (0.5, 0.5), (0.8, 0.8)])
 def test_the_new_posteriors_rewards_outweigh_the_snapshots(centre):
     """Old evidence at the default weight: a posterior that wants another arm moves the tuner there.
