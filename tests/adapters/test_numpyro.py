@@ -45,7 +45,7 @@ def run(kernel, *args, num_chains=4, chain_method="vectorized", seed=0, warmup=3
 
 # eight schools, garch and the GP: slow (the default run stays under 15 min); tests/conventions checks every
 # posteriordb model in PyMC's two routes, the compiled one on this kernel
-SLOW_REFERENCES = ("eight_schools", "garch", "gp_pois_regr")
+SLOW_REFERENCES = ("eight_schools", "garch", "gp_pois_regr", "sblrc")  # kidiq runs by default
 
 
 @pytest.mark.parametrize("name", [

@@ -179,6 +179,7 @@ def test_observed_family_weights_equal_monte_carlo_fisher_information(name):
 COVARIANCE = np.array([[1.0, 0.6, -0.2], [0.6, 2.0, 0.3], [-0.2, 0.3, 0.5]])
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_multivariate_normal_gives_its_precision_over_the_residual_and_its_covariance_information():
     """theta ~ N(0, 1), x ~ MVN(theta a, S) with y ~ MVN(B x, S) observed: the exact expected Hessian,
     [[1 + a^T P a, -(P a)^T], [-P a, P + B^T P B]] with P = S^-1, constant (zero derivative).  With

@@ -417,6 +417,7 @@ def test_pima_logistic_regression_fisher_metric_agrees_with_nuts():
                          max_abs_z=np.inf)  # ESS >= 200 and R-hat < 1.01 for every coefficient
 
 
+@pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_constant_metric_is_plain_dense_hmc():
     """No implicit solver: a gradient per leapfrog step, and BlackJAX's HMC draws bit for bit."""
     metric = constant_metric(PRECISION)
