@@ -158,12 +158,16 @@ def test_arms_that_meet_on_a_coarser_grid_are_pooled_by_weight():
     assert len(pooled) == 3
 
 
-def test_prefill_is_the_update_path_with_the_weights_given():
+def _tuner_and_evidence(seed):
+    """A GP tuner on a 40 x 30 grid and ten random arms' rewards and weights."""
     space = search_space((0.1, 1.0), (1, 30), num_step_sizes=40)
-    tuner = gp_ucb(space, capacity=16)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     arms = rng.choice(space.num_arms, 10, replace=False)
-    rewards, weights = rng.normal(size=10), rng.uniform(0.5, 4.0, size=10)
+    return gp_ucb(space, capacity=16), arms, rng.normal(size=10), rng.uniform(0.5, 4.0, size=10)
+
+
+def test_prefill_is_the_update_path_with_the_weights_given():
+    tuner, arms, rewards, weights = _tuner_and_evidence(0)
     state = tuner.init()
     for arm, reward, weight in zip(arms, rewards, weights):
         state, _ = tuner.update(state._replace(arm=np.asarray(arm, np.int32)), reward, uniform=1.0, weight=weight)
@@ -176,11 +180,7 @@ def test_prefill_is_the_update_path_with_the_weights_given():
 
 def test_prefill_of_the_same_evidence_is_kept_and_other_evidence_is_not():
     """Refits from one snapshot reuse the prefilled state; any change of the evidence or the grid recomputes it."""
-    space = search_space((0.1, 1.0), (1, 30), num_step_sizes=40)
-    tuner = gp_ucb(space, capacity=16)
-    rng = np.random.default_rng(1)
-    arms = rng.choice(space.num_arms, 10, replace=False)
-    rewards, weights = rng.normal(size=10), rng.uniform(0.5, 4.0, size=10)
+    tuner, arms, rewards, weights = _tuner_and_evidence(1)
     first = tuner.prefill(arms, rewards, weights)
     assert tuner.prefill(arms.copy(), rewards.copy(), weights.copy()) is first
     with pytest.raises(ValueError, match="read-only"):
