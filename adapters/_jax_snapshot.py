@@ -136,10 +136,11 @@ class _Unravel:
     unravel: Callable = dataclasses.field(compare=False, hash=False)
 
     @classmethod
-    def of(cls, position):
+    def of(cls, position, unravel):
+        """``unravel``: ``ravel_pytree(position)``'s."""
         leaves, treedef = jax.tree.flatten(position)
         return cls(treedef, tuple(np.shape(x) for x in leaves), tuple(str(jnp.result_type(x)) for x in leaves),
-                   ravel_pytree(position)[1])
+                   unravel)
 
     def __call__(self, flat):
         return self.unravel(flat)
@@ -232,8 +233,8 @@ def prepare_warm_start(logdensity_fn, positions, warm_start, rng_key, *, name: s
     """
     snapshot = load_snapshot(warm_start)
     first = jax.tree.map(lambda x: x[0], positions)
-    flat0, _ = ravel_pytree(first)
-    unravel = _Unravel.of(first)
+    flat0, unravel_fn = ravel_pytree(first)
+    unravel = _Unravel.of(first, unravel_fn)
     num_chains = int(np.shape(jax.tree.leaves(positions)[0])[0])
     snapshot, reason = match_coordinates(snapshot, coordinates(first))
     other_metric = None if snapshot is None else check_metric(snapshot, metric)
