@@ -32,7 +32,7 @@ from ahmc.core.diagnostics import (TuningConfig, TuningHistory, arm_parameters, 
                                    varying_coordinates)
 
 __all__ = ["history_from_datatree", "history_from_numpyro", "history_from_blackjax", "config_from_engine",
-           "config_from_numpyro", "slowest_square"]
+           "config_from_numpyro", "slowest_square", "worst_rhat"]
 
 CONFIG_ATTR = "ahmc_config"
 #: JSON list of the sampled variables (not deterministics): the correlation hint looks at these only.
@@ -159,12 +159,12 @@ def _free_variables_in_model_context():
 
 def _with_draws(history: TuningHistory, stats, columns) -> TuningHistory:
     """The history with what the draws ``columns = (chains x draws x d array, names)`` say: the slowest
-    square, and the strongest correlation unless the metric is position-dependent (no mass matrix to
-    suggest)."""
+    square, the worst R-hat, and the strongest correlation unless the metric is position-dependent (no mass
+    matrix to suggest)."""
     if columns is None:
         return history
     draws, names = columns
-    history = history._replace(slowest_square=slowest_square(draws, names))
+    history = history._replace(slowest_square=slowest_square(draws, names), worst_rhat=worst_rhat(draws, names))
     if _riemannian(stats):
         return history
     return history._replace(strongest_correlation=strongest_correlation(draws, names))
@@ -193,6 +193,29 @@ def slowest_square(draws, names=None):
     slowest = int(np.argmin(ess_squares))
     return (float(ess_squares[slowest]), names[keep[slowest]], float(ess_coordinates.min()),
             num_chains * num_draws)
+
+
+def worst_rhat(draws, names=None):
+    """``(rhat, name, num_chains)`` of ``draws`` (chains, draws, d): the largest rank-normalised split R-hat
+    (ArviZ's) over the coordinates and that coordinate's name (default ``x[i]``).  A coordinate constant
+    within each chain but not across them has R-hat inf.  Non-finite and constant coordinates are skipped;
+    None without ``arviz_stats``, with one chain, fewer than 4 draws per chain or no varying coordinate.
+    """
+    try:
+        from arviz_stats import rhat
+    except ImportError:  # the blackjax extra alone does not install ArviZ
+        return None
+    draws = np.asarray(draws, dtype=np.float64)
+    num_chains, num_draws, dim = draws.shape
+    names = [f"x[{i}]" for i in range(dim)] if names is None else list(names)
+    keep = varying_coordinates(draws)
+    if num_chains < 2 or num_draws < 4 or not len(keep):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):  # zero variance within every chain: inf
+        values = np.asarray(rhat(draws[..., keep], method="rank"), dtype=np.float64)
+    values = np.where(np.isnan(values), -np.inf, values)
+    worst = int(np.argmax(values))
+    return float(values[worst]), names[keep[worst]], num_chains
 
 
 def _posterior_columns(posterior, var_names=None):

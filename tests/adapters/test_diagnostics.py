@@ -324,6 +324,28 @@ def test_slowest_square_finds_a_chain_that_flips_the_sign_and_the_summary_says_s
     assert "Hint: the squares mix far more slowly" in summary and "(theta[" in summary
 
 
+def test_worst_rhat_names_the_coordinate_whose_chains_disagree_and_the_summary_warns(numpyro_run):
+    from ahmc.adapters.diagnostics import worst_rhat
+
+    rng = np.random.default_rng(3)
+    iid = worst_rhat(rng.normal(size=(4, 1000, 13)))
+    assert iid[0] < 1.005 and iid[2] == 4  # 200 such draws: max 1.0032
+    apart = rng.normal(size=(4, 1000, 3))
+    apart[1, :, 2] += 0.5  # one chain sits half an sd off in "c"
+    rhat, name, num_chains = worst_rhat(apart, ["a", "b", "c"])
+    assert name == "c" and rhat > 1.02 and num_chains == 4
+    stuck = np.zeros((2, 100, 2))
+    stuck[:, :, 0] = rng.normal(size=(2, 100))
+    stuck[1, :, 1] = 1.0  # each chain constant in x[1], at different values
+    assert worst_rhat(stuck)[1] == "x[1]" and worst_rhat(stuck)[0] > 100
+    assert worst_rhat(rng.normal(size=(1, 100, 2))) is None  # one chain: nothing to compare
+    mcmc, tree = numpyro_run
+    tree = tree.copy()
+    tree["posterior"] = xr.Dataset({"theta": (("chain", "draw", "theta_dim_0"), apart)})
+    summary = tuning_summary(history_from_datatree(tree, config=config_from_numpyro(mcmc)))
+    assert "R-hat" in summary and "for theta[2] over 4 chains" in summary
+
+
 @pytest.mark.slow  # ~20 s; the DataTree test above keeps the correlation hint in the default run
 def test_blackjax_history_reads_the_correlation_of_the_samples():
     pytest.importorskip("blackjax")

@@ -307,6 +307,21 @@ def test_a_coordinate_the_chains_barely_explore_is_a_tuning_warning():
     assert not any("barely explore" in w for w in tuning_warnings(fine))
 
 
+def test_chains_that_disagree_are_a_warning_with_the_metric_remedy():
+    """posteriordb's gp_pois_regr under the default low-rank metric: R-hat 1.042 on a GP hyperparameter."""
+    stats, _, _, config = simulate()
+    history = tuning_history(stats, config=config)
+    unmixed = history._replace(worst_rhat=(1.042, "rho", 4))
+    (warning,) = [w for w in tuning_warnings(unmixed) if "R-hat" in w]
+    assert warning.startswith("R-hat 1.042 for rho over 4 chains (above 1.01)")
+    assert 'metric_recipe="welford_diag"' in warning
+    assert "WARNING: tuning probably failed" in tuning_summary(unmixed)
+    stuck = history._replace(worst_rhat=(9.8e15, "x[1]", 2))
+    assert any(w.startswith("R-hat 9.8e+15 for x[1]") for w in tuning_warnings(stuck))
+    for fine in (history, history._replace(worst_rhat=(1.01, "rho", 4)), history._replace(worst_rhat=(1.004, "a", 4))):
+        assert not any("R-hat" in w for w in tuning_warnings(fine))
+
+
 def test_summary_points_at_a_single_leapfrog_step_with_the_bound_that_rules_it_out():
     from ahmc.core.diagnostics import single_step_hint
 
