@@ -176,46 +176,50 @@ def slowest_square(draws, names=None):
     smallest bulk ESS of the coordinates and the number of draws.  Non-finite and constant coordinates
     are skipped; None without ``arviz_stats``, with fewer than 4 draws per chain or no varying coordinate.
     """
+    found = _arviz_and_columns("ess", draws, names, min_chains=1)
+    if found is None:
+        return None
+    ess, draws, names = found
+    squares = (draws - draws.mean(axis=(0, 1))) ** 2
+    ess_squares = np.asarray(ess(squares, method="bulk"), dtype=np.float64)
+    ess_coordinates = np.asarray(ess(draws, method="bulk"), dtype=np.float64)
+    slowest = int(np.argmin(ess_squares))
+    return float(ess_squares[slowest]), names[slowest], float(ess_coordinates.min()), draws.shape[0] * draws.shape[1]
+
+
+def _arviz_and_columns(function: str, draws, names, *, min_chains: int):
+    """``(arviz_stats.<function>, draws, names)``, the draws (chains, draws, d) as float64 cut to their finite,
+    non-constant coordinates (names default ``x[i]``); None without ``arviz_stats`` (the blackjax extra alone
+    does not install ArviZ), with fewer than ``min_chains`` chains, 4 draws per chain or such coordinates."""
     try:
-        from arviz_stats import ess
-    except ImportError:  # the blackjax extra alone does not install ArviZ
+        import arviz_stats
+    except ImportError:
         return None
     draws = np.asarray(draws, dtype=np.float64)
     num_chains, num_draws, dim = draws.shape
     names = [f"x[{i}]" for i in range(dim)] if names is None else list(names)
     keep = varying_coordinates(draws)
-    if num_draws < 4 or not len(keep):
+    if num_chains < min_chains or num_draws < 4 or not len(keep):
         return None
-    draws = draws[..., keep]
-    squares = (draws - draws.mean(axis=(0, 1))) ** 2
-    ess_squares = np.asarray(ess(squares, method="bulk"), dtype=np.float64)
-    ess_coordinates = np.asarray(ess(draws, method="bulk"), dtype=np.float64)
-    slowest = int(np.argmin(ess_squares))
-    return (float(ess_squares[slowest]), names[keep[slowest]], float(ess_coordinates.min()),
-            num_chains * num_draws)
+    return getattr(arviz_stats, function), draws[..., keep], [names[i] for i in keep]
 
 
 def worst_rhat(draws, names=None):
     """``(rhat, name, num_chains)`` of ``draws`` (chains, draws, d): the largest rank-normalised split R-hat
     (ArviZ's) over the coordinates and that coordinate's name (default ``x[i]``).  A coordinate constant
-    within each chain but not across them has R-hat inf.  Non-finite and constant coordinates are skipped;
-    None without ``arviz_stats``, with one chain, fewer than 4 draws per chain or no varying coordinate.
+    within each chain but not across them has an R-hat of inf or near it.  Non-finite and constant coordinates
+    are skipped; None without ``arviz_stats``, with one chain, fewer than 4 draws per chain or no varying
+    coordinate.
     """
-    try:
-        from arviz_stats import rhat
-    except ImportError:  # the blackjax extra alone does not install ArviZ
+    found = _arviz_and_columns("rhat", draws, names, min_chains=2)
+    if found is None:
         return None
-    draws = np.asarray(draws, dtype=np.float64)
-    num_chains, num_draws, dim = draws.shape
-    names = [f"x[{i}]" for i in range(dim)] if names is None else list(names)
-    keep = varying_coordinates(draws)
-    if num_chains < 2 or num_draws < 4 or not len(keep):
-        return None
+    rhat, draws, names = found
     with np.errstate(divide="ignore", invalid="ignore"):  # zero variance within every chain: inf
-        values = np.asarray(rhat(draws[..., keep], method="rank"), dtype=np.float64)
+        values = np.asarray(rhat(draws, method="rank"), dtype=np.float64)
     values = np.where(np.isnan(values), -np.inf, values)
     worst = int(np.argmax(values))
-    return float(values[worst]), names[keep[worst]], num_chains
+    return float(values[worst]), names[worst], draws.shape[0]
 
 
 def _posterior_columns(posterior, var_names=None):
