@@ -677,6 +677,7 @@ def _tuner_surrogate(spec: _Spec, state: TunerState) -> Surrogate:
     acquisition = state.scale * mean + p * xp.sqrt(beta) * xp.sqrt(state.grid_variance)
     return Surrogate(spec.space.step_sizes, spec.space.num_steps, mean, sd, acquisition)
 
+
 def _content_key(value):
     """A hashable key of ``value``'s contents (nested tuples, NumPy arrays and scalars)."""
     if isinstance(value, tuple):
