@@ -213,14 +213,15 @@ def sample_numpyro_ahmc(
     to_model_variables = _to_model_variables(model, var_names, keep_untransformed)
     groups: dict[str, Any] = {}
     start = time.perf_counter()
-    if tune:
-        mcmc.warmup(keys, init_params=init_params, extra_fields=fields,
-                    collect_warmup=not discard_tuned_samples)
-        if not discard_tuned_samples:
-            groups["warmup_posterior"] = to_model_variables(mcmc.get_samples(group_by_chain=True))
-            groups["warmup_sample_stats"] = _stats(mcmc.get_extra_fields(group_by_chain=True), chains=chains)
-        keys = mcmc.post_warmup_state.rng_key
-    mcmc.run(keys, init_params=None if tune else init_params, extra_fields=fields)
+    if tune and not discard_tuned_samples:
+        # NumPyro returns warm-up draws only from MCMC.warmup, a loop compiled apart from run's: keeping them
+        # costs a second compilation (the same draws as one run: the state, key included, carries over).
+        mcmc.warmup(keys, init_params=init_params, extra_fields=fields, collect_warmup=True)
+        groups["warmup_posterior"] = to_model_variables(mcmc.get_samples(group_by_chain=True))
+        groups["warmup_sample_stats"] = _stats(mcmc.get_extra_fields(group_by_chain=True), chains=chains)
+        mcmc.run(mcmc.post_warmup_state.rng_key, extra_fields=fields)
+    else:  # warm-up and draws in one compiled loop, as pymc's sample_numpyro_nuts runs NUTS
+        mcmc.run(keys, init_params=init_params, extra_fields=fields)
     elapsed = time.perf_counter() - start
 
     groups["posterior"] = to_model_variables(mcmc.get_samples(group_by_chain=True))

@@ -119,6 +119,19 @@ def test_random_seed_reproduces_draws():
     assert not np.array_equal(first, other)
 
 
+@pytest.mark.slow  # ~25 s
+def test_one_compiled_loop_draws_what_warmup_then_run_draws():
+    """The default (warm-up discarded) runs NumPyro's loop once; keeping the warm-up runs ``MCMC.warmup`` then
+    ``MCMC.run``, two compiled loops.  The draws must be the same: the kernel's state, its key included,
+    carries over from one to the other."""
+    kwargs = dict(model=gaussian_model(), draws=40, tune=120, chains=2, random_seed=7, **QUIET)
+    once = sample_numpyro_ahmc(**kwargs)
+    kept = sample_numpyro_ahmc(discard_tuned_samples=False, **kwargs)
+    assert "warmup_posterior" not in once.children and kept["warmup_posterior"]["x"].shape[:2] == (2, 120)
+    np.testing.assert_array_equal(once.posterior["x"].values, kept.posterior["x"].values)
+    np.testing.assert_array_equal(once.sample_stats["step_size"].values, kept.sample_stats["step_size"].values)
+
+
 @pytest.mark.slow  # ~22 s; default run under 15 min (2026-11-28)
 def test_one_chain_has_pymc_shapes():
     tree = sample_numpyro_ahmc(model=gaussian_model(), draws=60, tune=100, chains=1, random_seed=1, **QUIET)
