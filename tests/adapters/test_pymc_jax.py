@@ -119,17 +119,25 @@ def test_random_seed_reproduces_draws():
     assert not np.array_equal(first, other)
 
 
-@pytest.mark.slow  # ~25 s
-def test_one_compiled_loop_draws_what_warmup_then_run_draws():
-    """The default (warm-up discarded) runs NumPyro's loop once; keeping the warm-up runs ``MCMC.warmup`` then
-    ``MCMC.run``, two compiled loops.  The draws must be the same: the kernel's state, its key included,
-    carries over from one to the other."""
+@pytest.mark.slow  # ~35 s
+def test_warmup_kept_from_one_compiled_loop_as_from_two(monkeypatch):
+    """Warm-up and draws run in one compiled loop, the warm-up kept or not; NumPyro's public route to the
+    warm-up's draws (``MCMC.warmup`` then ``MCMC.run``, two compiled loops) must give the same draws and stats."""
+    from ahmc.adapters.pymc import _compiled
+
     kwargs = dict(model=gaussian_model(), draws=40, tune=120, chains=2, random_seed=7, **QUIET)
     once = sample_numpyro_ahmc(**kwargs)
     kept = sample_numpyro_ahmc(discard_tuned_samples=False, **kwargs)
-    assert "warmup_posterior" not in once.children and kept["warmup_posterior"]["x"].shape[:2] == (2, 120)
-    np.testing.assert_array_equal(once.posterior["x"].values, kept.posterior["x"].values)
-    np.testing.assert_array_equal(once.sample_stats["step_size"].values, kept.sample_stats["step_size"].values)
+    monkeypatch.setattr(_compiled, "_run", lambda mcmc, keys, init, fields, keep_warmup:
+                        _compiled._warmup_then_run(mcmc, keys, init, fields))
+    two_loops = sample_numpyro_ahmc(discard_tuned_samples=False, **kwargs)
+    assert "warmup_posterior" not in once.children
+    assert kept["warmup_posterior"]["x"].shape[:2] == (2, 120) and kept.posterior["x"].shape[:2] == (2, 40)
+    for group, name in (("posterior", "x"), ("sample_stats", "step_size"), ("sample_stats", "n_steps")):
+        np.testing.assert_array_equal(once[group][name].values, kept[group][name].values)
+        np.testing.assert_array_equal(two_loops[group][name].values, kept[group][name].values)
+    for group, name in (("warmup_posterior", "x"), ("warmup_sample_stats", "n_steps"), ("warmup_sample_stats", "lp")):
+        np.testing.assert_array_equal(two_loops[group][name].values, kept[group][name].values)
 
 
 @pytest.mark.slow  # ~22 s; default run under 15 min (2026-11-28)
