@@ -11,7 +11,8 @@ every NUTS per gradient; a line under each table gives the per-gradient ratio ag
 sampler that converged, ChEES, MEADS and adjusted MCLMC included.
 
 A document marks where a run's tables go with ``<!-- results NAME -->`` and ``<!-- /results -->``
-lines, NAME the results file's stem (``bench_quick``); the benchmark rewrites what lies between
+lines, NAME the results file's stem (``bench_quick``); ``<!-- results NAME summary -->`` asks for one
+table with a row per route (the README's). The benchmark rewrites what lies between
 (``update_documents``), so no number in the docs is typed by hand.
 """
 
@@ -26,16 +27,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"(<!-- results (\w+) -->\n)(.*?)(<!-- /results -->)", re.S)
+MARKER = re.compile(r"(<!-- results (\w+)( summary)? -->\n)(.*?)(<!-- /results -->)", re.S)
 
 # (AHMC route, the peers it is measured against per second); per gradient the peer is every NUTS.
 ROUTES = {
     "ahmc_numpyro": ("numpyro_nuts", "numpyro_nuts_vectorized"),
     "ahmc_blackjax": ("numpyro_nuts", "numpyro_nuts_vectorized", "blackjax_nuts"),
     "ahmc_pymc": ("pymc_nuts", "nutpie"),
-    "ahmc_pymc_jax": ("pymc_nuts", "nutpie"),
+    "ahmc_pymc_jax": ("pymc_nuts", "nutpie", "pymc_numpyro", "pymc_numpyro_vectorized"),
 }
-ALL_NUTS = ("numpyro_nuts", "numpyro_nuts_vectorized", "blackjax_nuts", "pymc_nuts", "nutpie")
+# How a user calls each route (the README's summary names them so).
+ROUTE_CALLS = {"ahmc_numpyro": "NumPyro `AdaptiveHMC`", "ahmc_blackjax": "BlackJAX `run_chains`",
+               "ahmc_pymc": "PyMC step `AdaptiveHMC`", "ahmc_pymc_jax": "PyMC `sample_numpyro_ahmc`"}
+ALL_NUTS = ("numpyro_nuts", "numpyro_nuts_vectorized", "blackjax_nuts", "pymc_nuts", "nutpie", "pymc_numpyro",
+            "pymc_numpyro_vectorized")
 # Per gradient the posterior is the same in every framework, so each route also faces every other sampler
 # that converged (ChEES, MEADS, adjusted MCLMC, every NUTS): a run whose max R-hat reaches this is left out.
 CONVERGED_RHAT = 1.01
@@ -188,9 +193,41 @@ def _command(command: str) -> str:
     return re.sub(r"\S*/benchmarks/results/", "benchmarks/results/", command)
 
 
+def summary_markdown(json_path) -> str:
+    """One table, a row per route: the geometric means of :func:`route_table` and the models behind."""
+    json_path = Path(json_path)
+    if not json_path.exists():
+        return f"No `{json_path.name}` is committed yet: `./dev bench` writes it.\n"
+    results = json.loads(json_path.read_text())
+    env, settings = results["environment"], results["settings"]
+    lines = [f"Strict ESS (min over coordinates of min(bulk ESS of x, of (x - mean)^2)) per second of total wall "
+             f"time, compilation included, and per gradient, warm-up included, against the best peer of each "
+             f"route's framework in the same run; geometric means over the models of `{json_path.name}` "
+             f"({results['mode']} mode, commit `{str(env['git_commit'])[:7]}`, seed {env['seed']}, "
+             f"{settings['num_chains']} chains x ({settings['num_warmup']} + {settings['num_samples']}), "
+             f"{env['cpu_model']} with {env['nproc']} cores). Every model: docs/benchmarks.md.", "",
+             "| route | per second vs best peer | behind per second | per gradient vs best NUTS | max R-hat |",
+             "|---|---|---|---|---|"]
+    for route in ROUTES:
+        rows = route_rows(results, route)
+        if not rows:
+            continue
+        second, gradient = (_geomean(r[k] for r in rows) for k in ("ratio_second", "ratio_gradient"))
+        behind = [f"{r['model']} {r['ratio_second']:.2f}x" for r in rows
+                  if r["ratio_second"] is not None and r["ratio_second"] < 1]
+        lines.append(f"| {ROUTE_CALLS[route]} (`{route}`) | {_cell(second, 'x', 2)} | {len(behind)} of {len(rows)}"
+                     + (f": {', '.join(behind)}" if behind else "") + f" | {_cell(gradient, 'x', 2)} | "
+                     f"{max(r['rhat'] for r in rows):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def rewrite(text: str, results_dir: Path = RESULTS) -> str:
-    """``text`` with every marked block replaced by its results file's tables."""
-    return MARKER.sub(lambda m: m.group(1) + headline_markdown(results_dir / f"{m.group(2)}.json") + m.group(4), text)
+    """``text`` with every marked block replaced by its results file's tables (or summary)."""
+    def block(m):
+        path = results_dir / f"{m.group(2)}.json"
+        return m.group(1) + (summary_markdown(path) if m.group(3) else headline_markdown(path)) + m.group(5)
+
+    return MARKER.sub(block, text)
 
 
 def update_documents(documents=DOCUMENTS, results_dir: Path = RESULTS) -> list[Path]:

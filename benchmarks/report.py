@@ -39,7 +39,8 @@ AHMC = ("ahmc_blackjax", "ahmc_numpyro", "ahmc_pymc", "ahmc_pymc_jax",
         "ahmc_blackjax_dense", "ahmc_numpyro_dense", "ahmc_pymc_dense",
         "ahmc_blackjax_auto", "ahmc_numpyro_auto", "ahmc_pymc_auto", "ahmc_pymc_pooled")
 # The NUTS baselines (diagonal, then dense variants; benchmarks.samplers.DENSE_SAMPLERS): the best is the ratio's base.
-NUTS = ("blackjax_nuts", "numpyro_nuts", "numpyro_nuts_vectorized", "pymc_nuts", "nutpie",
+NUTS = ("blackjax_nuts", "numpyro_nuts", "numpyro_nuts_vectorized", "pymc_nuts", "nutpie", "pymc_numpyro",
+        "pymc_numpyro_vectorized",
         "blackjax_nuts_dense", "numpyro_nuts_dense", "pymc_nuts_dense", "nutpie_low_rank")
 LOGISTIC = ("pima", "ripley", "breast_cancer")
 # Figure 3 pairs: the AHMC and NUTS of the same framework (same backend, same starting points per chain).

@@ -77,11 +77,12 @@ RMHMC_MODEL_NAMES = ("pima", "ripley", "breast_cancer")
 # The dense-mass-matrix variants (benchmarks.samplers.DENSE_SAMPLERS) run by name only, on models up
 # to DENSE_MAX_DIM: an O(d^2) matrix and an O(d^3) factorisation per iteration or window.
 DENSE_MAX_DIM = 200
-# ahmc_pymc_jax, the *_auto variants and ahmc_pymc_pooled (benchmarks.samplers.BY_NAME_SAMPLERS) also run by name only.
+# The *_auto variants and ahmc_pymc_pooled (benchmarks.samplers.BY_NAME_SAMPLERS) also run by name only.
 DEFAULT_SAMPLERS = [name for name in SAMPLERS if name not in DENSE_SAMPLERS and name not in BY_NAME_SAMPLERS]
 QUICK_SAMPLERS = [name for name in DEFAULT_SAMPLERS if name not in RMHMC_SAMPLERS]
 NUTS_SAMPLERS = NUTS  # the baselines of the ratio column
 PYMC_SAMPLERS = ("ahmc_pymc", "ahmc_pymc_jax", "pymc_nuts", "nutpie",  # need the model's PyMC version
+                 "pymc_numpyro", "pymc_numpyro_vectorized",
                  "ahmc_pymc_dense", "pymc_nuts_dense", "nutpie_low_rank", "ahmc_pymc_auto", "ahmc_pymc_pooled")
 # Above this dimension the per-coordinate ESS and R-hat arrays stay out of the JSON (lgcp_64 has
 # 16384 coordinates: about 0.7 MB per run); the min / median / max summaries are kept.

@@ -46,6 +46,7 @@ __all__ = [
     "run_numpyro_nuts",
     "run_nutpie",
     "run_pymc_nuts",
+    "run_pymc_numpyro",
 ]
 
 
@@ -769,25 +770,105 @@ def run_ahmc_pymc(rng_key, model, positions, num_warmup, num_samples, **options)
 
 
 def run_ahmc_pymc_jax(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
-    """ahmc's compiled path for PyMC models: the PyMC model's log density turned into JAX by PyMC's
-    JAX backend (``ahmc.adapters.pymc.jax_logdensity``, as ``sample_numpyro_ahmc`` does), sampled
-    by the NumPyro kernel with vectorized chains (one pooled tuner).
+    """ahmc's compiled route for PyMC models, as its users call it: ``sample_numpyro_ahmc`` (PyMC's JAX
+    backend compiles the log density; ahmc's NumPyro kernel, vectorized chains, one pooled tuner).
 
-    It drives the kernel directly, as ``run_ahmc_numpyro`` does, so that warm-up, sampling and
-    compilation are timed apart; ``sample_numpyro_ahmc`` adds PyMC's start-point jitter and the
-    conversion to a DataTree around the same loop.  Options go to ``AdaptiveHMC``.
+    The chains start at ``positions`` (``initvals``, no jitter); ``discard_tuned_samples=False`` keeps the
+    warm-up's stats, to count its gradients, from the same compiled loop.  The whole call is timed (PyMC's
+    JAX conversion, compilation, warm-up, draws, the DataTree); its run time is split between warm-up and
+    sampling by their gradients.  Options go to ``sample_numpyro_ahmc`` (the kernel's knobs).
     """
-    import jax.numpy as jnp
-
-    from ahmc.adapters.pymc import jax_logdensity
+    from ahmc.adapters.pymc import sample_numpyro_ahmc
 
     pm_model = _pymc_model(model)
-    names = [v.name for v in pm_model.value_vars]
-    if names != ["x"]:
-        raise ValueError(f"the benchmark's PyMC models have one value variable 'x'; {model.name} has {names}")
-    pymc_logdensity = jax_logdensity(pm_model)
-    return _run_ahmc_kernel(lambda x: pymc_logdensity([jnp.asarray(x)]), rng_key, positions, num_warmup,
-                            num_samples, **options)
+    clock = CompileClock()
+    with clock.phase("run"):
+        tree = sample_numpyro_ahmc(draws=num_samples, tune=num_warmup, chains=positions.shape[0],
+                                   random_seed=_int_seed(rng_key), initvals=_initvals(positions), jitter=False,
+                                   model=pm_model, progressbar=False, quiet=True, compute_convergence_checks=False,
+                                   discard_tuned_samples=False, **options)
+    warm = tree["warmup_sample_stats"] if num_warmup else None
+    stats = tree.sample_stats
+    extra = {"final_step_size": _as_float_list(stats["step_size"].values[:, -1]),
+             "final_num_steps": _as_float_list(stats["max_steps"].values[:, -1]),
+             "rounds": _as_float_list(stats["tuning_round"].values.max(axis=1))}
+    return _pymc_jax_run(clock, tree.posterior["x"].values, warm, stats, extra)
+
+
+def _pymc_jax_run(clock, draws, warm, stats, extra) -> SamplerRun:
+    """A SamplerRun from a PyMC JAX route's draws and PyMC-named stats (``n_steps``, ``diverging``,
+    ``acceptance_rate``); ``warm``: the warm-up's stats, or None.  One timed phase, ``run``."""
+    steps = np.asarray(stats["n_steps"].values, dtype=np.int64)
+    num_chains = steps.shape[0]
+    warm_steps = (np.asarray(warm["n_steps"].values, dtype=np.int64).sum(axis=1) if warm is not None
+                  else np.zeros(num_chains, dtype=np.int64))
+    warm_div = (np.asarray(warm["diverging"].values).sum(axis=1) if warm is not None
+                else np.zeros(num_chains, dtype=np.int64))
+    split = _split_by_gradients(clock.run_s["run"], warm_steps.sum(), steps.sum())
+    return SamplerRun(
+        draws=np.asarray(draws, dtype=np.float64),
+        num_grads_warmup=warm_steps,
+        num_grads_sampling=steps.sum(axis=1),
+        num_divergent_warmup=warm_div,
+        num_divergent_sampling=np.asarray(stats["diverging"].values).sum(axis=1),
+        timing=_timing(clock, *split, estimated=True),
+        extra={"mean_acceptance": _as_float_list(np.asarray(stats["acceptance_rate"].values).mean(axis=1)),
+               "mean_steps_per_draw": _as_float_list(steps.mean(axis=1)), **extra},
+    )
+
+
+def run_pymc_numpyro(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
+    """PyMC's compiled NUTS, ``pm.sample(nuts_sampler="numpyro")``: ``pymc.sampling.jax.sample_numpyro_nuts``,
+    NumPyro's NUTS on PyMC's JAX log density, ``chain_method="parallel"`` (PyMC's default; the chains one
+    after another on a one-device CPU) unless ``options["chain_method"]``.
+
+    The chains start at ``positions`` (``initvals``, no jitter).  PyMC discards the warm-up, so its
+    gradients are counted by widening the collection window of NumPyro's ``MCMC`` during the call (the
+    window ``MCMC.warmup(collect_warmup=True)`` sets, over the whole run; the draws are the same) and
+    the warm-up's iterations are cut from the returned tree.  Timed as ``ahmc_pymc_jax``.
+    """
+    from pymc.sampling.jax import sample_numpyro_nuts
+
+    pm_model = _pymc_model(model)
+    clock = CompileClock()
+    with clock.phase("run"), _numpyro_keeps_warmup():
+        tree = sample_numpyro_nuts(draws=num_samples, tune=num_warmup, chains=positions.shape[0],
+                                   random_seed=_int_seed(rng_key), initvals=_initvals(positions), jitter=False,
+                                   model=pm_model, progressbar=False, quiet=True, compute_convergence_checks=False,
+                                   **options)
+    kept = tree.sample_stats.sizes["draw"]
+    if kept != num_warmup + num_samples:
+        raise RuntimeError(f"pymc_numpyro: expected {num_warmup + num_samples} iterations kept, got {kept}")
+    warm = tree.sample_stats.isel(draw=slice(0, num_warmup)) if num_warmup else None
+    stats = tree.sample_stats.isel(draw=slice(num_warmup, None))
+    draws = tree.posterior["x"].values[:, num_warmup:]
+    extra = {"chain_method": options.get("chain_method", "parallel")}
+    return _pymc_jax_run(clock, draws, warm, stats, extra)
+
+
+def _numpyro_keeps_warmup():
+    """A context in which ``numpyro.infer.MCMC`` keeps every iteration of ``run``, warm-up included."""
+    import contextlib
+
+    import numpyro.infer
+
+    base = numpyro.infer.MCMC
+
+    class KeepsWarmup(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            total = self.num_warmup + self.num_samples
+            self._set_collection_params(0, total, total, "sample")
+
+    @contextlib.contextmanager
+    def patched():
+        numpyro.infer.MCMC = KeepsWarmup
+        try:
+            yield
+        finally:
+            numpyro.infer.MCMC = base
+
+    return patched()
 
 
 def run_pymc_nuts(rng_key, model, positions, num_warmup, num_samples, **options) -> SamplerRun:
@@ -998,7 +1079,6 @@ DENSE_SAMPLERS: dict[str, Runner] = {
 # adapters with dense_mass="auto" (dense where the warm-up's correlations stand out from their noise;
 # diagonal above d = 200, so these run on every model), and PooledAdaptiveHMC.
 BY_NAME_SAMPLERS: dict[str, Runner] = {
-    "ahmc_pymc_jax": run_ahmc_pymc_jax,
     "ahmc_blackjax_auto": _with_defaults(run_ahmc_blackjax, "dense_mass='auto'", dense_mass="auto"),
     "ahmc_numpyro_auto": _with_defaults(run_ahmc_numpyro, "dense_mass='auto'", dense_mass="auto"),
     "ahmc_pymc_auto": _with_defaults(run_ahmc_pymc, "dense_mass='auto'", dense_mass="auto"),
@@ -1034,6 +1114,9 @@ SAMPLERS: dict[str, Runner] = {
     "ahmc_pymc": run_ahmc_pymc,
     "pymc_nuts": run_pymc_nuts,
     "nutpie": run_nutpie,
+    "pymc_numpyro": run_pymc_numpyro,
+    "pymc_numpyro_vectorized": _with_defaults(run_pymc_numpyro, "chains vectorized", chain_method="vectorized"),
+    "ahmc_pymc_jax": run_ahmc_pymc_jax,
     "chees": run_chees,
     "meads": run_meads,
     "adjusted_mclmc": run_adjusted_mclmc,

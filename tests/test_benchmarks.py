@@ -543,6 +543,34 @@ def test_the_headline_faces_every_converged_sampler_per_gradient():
     assert headline.every_peer_line(results, "ahmc_pymc") == ""
 
 
+def test_the_readme_summary_has_one_row_per_route_with_its_geometric_means(tmp_path):
+    import json
+
+    from benchmarks import headline
+
+    def record(model, sampler, ess, grads, seconds, rhat=1.002):
+        return {"model": model, "sampler": sampler, "status": "ok",
+                "metrics": {"ess_bulk": {"min": ess}, "ess_bulk_squares": {"min": ess},
+                            "grads": {"warmup": grads, "sampling": grads}, "rhat_max": rhat},
+                "timing": {"compile_s": seconds / 2, "warmup_s": seconds / 4, "sampling_s": seconds / 4}}
+
+    results = {"mode": "quick", "models": {"pima": {"dim": 8}, "kidiq": {"dim": 3}},
+               "settings": {"num_chains": 4, "num_warmup": 1000, "num_samples": 1000},
+               "environment": {"git_commit": "abcdef0123", "seed": 0, "cpu_model": "CPU", "nproc": 2},
+               "runs": [record("pima", "numpyro_nuts", 100.0, 500, 1.0),
+                        record("pima", "ahmc_numpyro", 200.0, 250, 4.0, rhat=1.008),   # 0.5x per s, 4x per grad
+                        record("kidiq", "numpyro_nuts", 100.0, 500, 1.0),
+                        record("kidiq", "ahmc_numpyro", 200.0, 500, 1.0)]}             # 2x per s, 2x per grad
+    path = tmp_path / "bench_quick.json"
+    path.write_text(json.dumps(results))
+    summary = headline.summary_markdown(path)
+    rows = [line for line in summary.splitlines() if line.startswith("| NumPyro")]
+    assert rows == ["| NumPyro `AdaptiveHMC` (`ahmc_numpyro`) | 1x | 1 of 2: pima 0.50x | 2.8x | 1.008 |"]
+    assert "ahmc_pymc" not in summary  # routes without runs have no row
+    text = "before\n<!-- results bench_quick summary -->\nold\n<!-- /results -->\nafter\n"
+    assert headline.rewrite(text, tmp_path) == f"before\n<!-- results bench_quick summary -->\n{summary}<!-- /results -->\nafter\n"
+
+
 def test_lgcp_model_matches_its_definition():
     jax = pytest.importorskip("jax")
     cov = models.lgcp_covariance(4)
@@ -710,6 +738,34 @@ def test_ahmc_pymc_runner_smoke():
     assert timing["compile_s"] > 0 and timing["warmup_s"] > 0 and timing["sampling_s"] > 0
     assert not timing["sampling_time_estimated"] and out.extra["cores"] == 1
     assert len(out.extra["final_step_size"]) == 2
+
+
+@pytest.mark.slow  # ~40 s
+@pytest.mark.parametrize("sampler", ["pymc_numpyro", "ahmc_pymc_jax"])
+def test_compiled_pymc_runners_draw_what_the_public_call_draws_and_count_the_warmup(sampler, jax_x64):
+    """``pymc_numpyro`` is PyMC's ``sample_numpyro_nuts`` (what ``pm.sample(nuts_sampler="numpyro")`` runs) and
+    ``ahmc_pymc_jax`` ahmc's ``sample_numpyro_ahmc``: each runner's draws are the plain call's, and the warm-up
+    gradients, which PyMC's call drops, are counted all the same."""
+    pytest.importorskip("pymc")
+    import numpyro.infer
+    from pymc.sampling.jax import sample_numpyro_nuts
+
+    from ahmc.adapters.pymc import sample_numpyro_ahmc
+    from benchmarks import pymc_models
+
+    model = models.get_model("corr_gauss_2")
+    positions = models.initial_positions(model, 2, seed=0)
+    base = numpyro.infer.MCMC
+    out = run.SAMPLERS[sampler](None, model, positions, 50, 40)
+    assert numpyro.infer.MCMC is base  # the runner's wider collection window is undone
+    call = sample_numpyro_nuts if sampler == "pymc_numpyro" else sample_numpyro_ahmc
+    plain = call(draws=40, tune=50, chains=2, random_seed=0, initvals=[{"x": p} for p in positions], jitter=False,
+                 model=pymc_models.build("corr_gauss_2"), progressbar=False, compute_convergence_checks=False)
+    np.testing.assert_array_equal(out.draws, plain.posterior["x"].values)
+    np.testing.assert_array_equal(out.num_grads_sampling, plain.sample_stats["n_steps"].values.sum(axis=1))
+    assert np.all(out.num_grads_warmup >= 50)
+    timing = out.timing
+    assert list(timing["phases"]["wall_s"]) == ["run"] and timing["compile_s"] > 0 and timing["sampling_s"] > 0
 
 
 def test_ahmc_pymc_pooled_runner_times_the_lockstep_loop_once():
