@@ -145,6 +145,14 @@ def every_peer_line(results: dict, route: str) -> str:
                else f"ahead on all {len(ratios)}."))
 
 
+def _route_means(rows: list[dict]):
+    """``(per second, per gradient, models behind per second)``: a route's geometric-mean ratios over its rows."""
+    second, gradient = (_geomean(r[k] for r in rows) for k in ("ratio_second", "ratio_gradient"))
+    behind = [f"{r['model']} {r['ratio_second']:.2f}x" for r in rows
+              if r["ratio_second"] is not None and r["ratio_second"] < 1]
+    return second, gradient, behind
+
+
 def route_table(results: dict, route: str) -> list[str]:
     rows = route_rows(results, route)
     if not rows:
@@ -160,9 +168,7 @@ def route_table(results: dict, route: str) -> list[str]:
             f"{_cell(r['nuts_per_gradient'])} ({r['nuts']}) | {_cell(r['ratio_gradient'], 'x', 2)} | "
             f"{_cell(r['compile_s'], '', 2)} ({_cell(r['peer_compile_s'], '', 2)}) | "
             f"{_cell(r['us_per_gradient'], '', 2)} ({_cell(r['peer_us_per_gradient'], '', 2)}) | {r['rhat']:.3f} |")
-    second, gradient = (_geomean(r[k] for r in rows) for k in ("ratio_second", "ratio_gradient"))
-    losses = [f"{r['model']} {r['ratio_second']:.2f}x" for r in rows
-              if r["ratio_second"] is not None and r["ratio_second"] < 1]
+    second, gradient, losses = _route_means(rows)
     lines += ["", f"Geometric mean: {_cell(second, 'x', 2)} per second, {_cell(gradient, 'x', 2)} per gradient. "
               + (f"Behind its peer per second on {len(losses)} of {len(rows)}: {', '.join(losses)}."
                  if losses else f"Ahead of its peer per second on all {len(rows)} models."), ""]
@@ -170,17 +176,32 @@ def route_table(results: dict, route: str) -> list[str]:
     return lines + ([every, ""] if every else [])
 
 
+_MISSING = "No `{name}` is committed yet: `./dev bench` writes it.\n"
+
+
+def _load(json_path) -> dict | None:
+    """A results file's contents, or None where none is committed."""
+    json_path = Path(json_path)
+    return json.loads(json_path.read_text()) if json_path.exists() else None
+
+
 def headline_markdown(json_path: Path) -> str:
     """The tables of one results file (or a line saying none is committed)."""
-    json_path = Path(json_path)
-    if not json_path.exists():
-        return f"No `{json_path.name}` is committed yet: `./dev bench` writes it.\n"
-    results = json.loads(json_path.read_text())
-    env, settings = results["environment"], results["settings"]
-    lines = [f"`{json_path.name}`: {results['mode']} mode, {str(env['date_utc'])[:10]}, commit "
-             f"`{str(env['git_commit'])[:7]}`, seed {env['seed']}, {settings['num_chains']} chains x "
-             f"({settings['num_warmup']} warm-up + {settings['num_samples']} draws), {settings['dtype']}, "
-             f"{env['cpu_model']} with {env['nproc']} cores; `{_command(env['command'])}`. "
+    return _render(json_path, _tables)
+
+
+def summary_markdown(json_path) -> str:
+    """One table, a row per route: the geometric means of :func:`route_table` and the models behind."""
+    return _render(json_path, _summary)
+
+
+def _render(json_path, render) -> str:
+    results = _load(json_path)
+    return _MISSING.format(name=Path(json_path).name) if results is None else render(json_path, results)
+
+
+def _tables(json_path, results: dict) -> str:
+    lines = [f"{_run_line(json_path, results)}; `{_command(results['environment']['command'])}`. "
              "Strict ESS: min over coordinates of min(bulk ESS of x, of (x - mean)^2); per gradient with "
              "warm-up counted, per second of total wall time with compilation. Run µs/grad: the run's time "
              "without compilation over its gradients, beside the per-second peer's.", ""]
@@ -189,32 +210,31 @@ def headline_markdown(json_path: Path) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _run_line(json_path, results: dict) -> str:
+    """Which run a table is from: file, mode, date, commit, seed, chains and draws, precision, machine."""
+    env, settings = results["environment"], results["settings"]
+    return (f"`{Path(json_path).name}`: {results['mode']} mode, {str(env['date_utc'])[:10]}, commit "
+            f"`{str(env['git_commit'])[:7]}`, seed {env['seed']}, {settings['num_chains']} chains x "
+            f"({settings['num_warmup']} warm-up + {settings['num_samples']} draws), {settings['dtype']}, "
+            f"{env['cpu_model']} with {env['nproc']} cores")
+
+
 def _command(command: str) -> str:
     return re.sub(r"\S*/benchmarks/results/", "benchmarks/results/", command)
 
 
-def summary_markdown(json_path) -> str:
-    """One table, a row per route: the geometric means of :func:`route_table` and the models behind."""
-    json_path = Path(json_path)
-    if not json_path.exists():
-        return f"No `{json_path.name}` is committed yet: `./dev bench` writes it.\n"
-    results = json.loads(json_path.read_text())
-    env, settings = results["environment"], results["settings"]
-    lines = [f"Strict ESS (min over coordinates of min(bulk ESS of x, of (x - mean)^2)) per second of total wall "
-             f"time, compilation included, and per gradient, warm-up included, against the best peer of each "
-             f"route's framework in the same run; geometric means over the models of `{json_path.name}` "
-             f"({results['mode']} mode, commit `{str(env['git_commit'])[:7]}`, seed {env['seed']}, "
-             f"{settings['num_chains']} chains x ({settings['num_warmup']} + {settings['num_samples']}), "
-             f"{env['cpu_model']} with {env['nproc']} cores). Every model: docs/benchmarks.md.", "",
+def _summary(json_path, results: dict) -> str:
+    lines = [f"{_run_line(json_path, results)}. Strict ESS (min over coordinates of min(bulk ESS of x, of "
+             "(x - mean)^2)) per second of total wall time, compilation included, and per gradient, warm-up "
+             "included, against the best peer of each route's framework in the same run; geometric means over "
+             "the run's models (every model: docs/benchmarks.md).", "",
              "| route | per second vs best peer | behind per second | per gradient vs best NUTS | max R-hat |",
              "|---|---|---|---|---|"]
     for route in ROUTES:
         rows = route_rows(results, route)
         if not rows:
             continue
-        second, gradient = (_geomean(r[k] for r in rows) for k in ("ratio_second", "ratio_gradient"))
-        behind = [f"{r['model']} {r['ratio_second']:.2f}x" for r in rows
-                  if r["ratio_second"] is not None and r["ratio_second"] < 1]
+        second, gradient, behind = _route_means(rows)
         lines.append(f"| {ROUTE_CALLS[route]} (`{route}`) | {_cell(second, 'x', 2)} | {len(behind)} of {len(rows)}"
                      + (f": {', '.join(behind)}" if behind else "") + f" | {_cell(gradient, 'x', 2)} | "
                      f"{max(r['rhat'] for r in rows):.3f} |")

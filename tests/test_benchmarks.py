@@ -555,8 +555,9 @@ def test_the_readme_summary_has_one_row_per_route_with_its_geometric_means(tmp_p
                 "timing": {"compile_s": seconds / 2, "warmup_s": seconds / 4, "sampling_s": seconds / 4}}
 
     results = {"mode": "quick", "models": {"pima": {"dim": 8}, "kidiq": {"dim": 3}},
-               "settings": {"num_chains": 4, "num_warmup": 1000, "num_samples": 1000},
-               "environment": {"git_commit": "abcdef0123", "seed": 0, "cpu_model": "CPU", "nproc": 2},
+               "settings": {"num_chains": 4, "num_warmup": 1000, "num_samples": 1000, "dtype": "float64"},
+               "environment": {"git_commit": "abcdef0123", "seed": 0, "cpu_model": "CPU", "nproc": 2,
+                               "date_utc": "2026-12-06T00:00"},
                "runs": [record("pima", "numpyro_nuts", 100.0, 500, 1.0),
                         record("pima", "ahmc_numpyro", 200.0, 250, 4.0, rhat=1.008),   # 0.5x per s, 4x per grad
                         record("kidiq", "numpyro_nuts", 100.0, 500, 1.0),
