@@ -566,7 +566,8 @@ def test_the_readme_summary_has_one_row_per_route_with_its_geometric_means(tmp_p
     path.write_text(json.dumps(results))
     summary = headline.summary_markdown(path)
     rows = [line for line in summary.splitlines() if line.startswith("| NumPyro")]
-    assert rows == ["| NumPyro `AdaptiveHMC` (`ahmc_numpyro`) | 1x | 1 of 2: pima 0.50x | 2.8x | 1.008 |"]
+    assert rows == ["| NumPyro `AdaptiveHMC` (`ahmc_numpyro`) | 1x | 1 of 2: pima 0.50x | 2.8x | 2.8x, behind on 0 of 2 "
+                    "| 1.008 |"]
     assert "ahmc_pymc" not in summary  # routes without runs have no row
     text = "before\n<!-- results bench_quick summary -->\nold\n<!-- /results -->\nafter\n"
     assert headline.rewrite(text, tmp_path) == f"before\n<!-- results bench_quick summary -->\n{summary}<!-- /results -->\nafter\n"
