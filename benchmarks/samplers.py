@@ -1075,7 +1075,7 @@ DENSE_SAMPLERS: dict[str, Runner] = {
     "nutpie_low_rank": _with_defaults(run_nutpie, "nutpie's low-rank mass-matrix adaptation", adaptation="low_rank"),
 }
 
-# Run by name only (not in the default set): the PyMC model on the compiled JAX engine, ahmc's
+# Run by name only (not in the default set): ahmc's
 # adapters with dense_mass="auto" (dense where the warm-up's correlations stand out from their noise;
 # diagonal above d = 200, so these run on every model), and PooledAdaptiveHMC.
 BY_NAME_SAMPLERS: dict[str, Runner] = {
