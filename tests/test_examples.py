@@ -23,7 +23,9 @@ def test_core_demo_finds_the_optimum(capsys):
     assert share >= 90.0
 
 
-@pytest.mark.parametrize("name", ["blackjax_adaptation", "pymc_gaussian", "numpyro_kernel", "pymc_rmhmc"])
+@pytest.mark.parametrize("name", ["blackjax_adaptation", "pymc_gaussian",
+                                  # ~20 s, NUTS and ahmc on eight schools; the README's NumPyro quickstart runs by default
+                                  pytest.param("numpyro_kernel", marks=pytest.mark.slow), "pymc_rmhmc"])
 def test_framework_examples_run(name):
     if not (EXAMPLES / f"{name}.py").exists():
         pytest.skip(f"examples/{name}.py not written yet")
@@ -32,6 +34,7 @@ def test_framework_examples_run(name):
         module.main()
 
 
+@pytest.mark.slow  # ~20 s; plot_tuning itself is tested by default (tests/adapters/test_diagnostics.py, test_doc_code)
 def test_plot_tuning_example_writes_a_figure(tmp_path):
     pytest.importorskip("matplotlib")
     pytest.importorskip("numpyro")
