@@ -66,8 +66,9 @@ SCHEMA_VERSION = 1
 # to converge (R-hat 1.05-1.2 at that length for NUTS and AHMC alike), and NUTS takes minutes
 # there: it runs in --full mode (or by name with --models), not in the quick default.
 # The quick default is the paper's logistic regressions, the Gaussians and the small LGCP: about 20 minutes
-# on a 2-core machine with every peer (14 before the compiled PyMC routes joined on 2026-12-06).  The posteriordb set (about 25 minutes more for every sampler;
-# diamonds alone takes NUTS ~10 minutes) joins in --full or by name.
+# on a 2-core machine with every peer (14 before the compiled PyMC routes joined on 2026-12-06).  The
+# posteriordb set (about 25 minutes more for every sampler; diamonds alone takes NUTS ~10 minutes) joins in
+# --full or by name.
 QUICK_MODELS = ["pima", "ripley", "breast_cancer", "std_gauss_10", "diag_gauss_10", "corr_gauss_2", "lgcp_16"]
 FULL_MODELS = list(MODELS)
 # ARMHMC (O(d^3) per metric evaluation) joins in --full or by name: on breast cancer (d = 31) it

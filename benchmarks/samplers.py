@@ -203,10 +203,7 @@ def _run_numpyro_mcmc(kernel, rng_key, positions, num_warmup, num_samples, chain
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                 chain_method=chain_method, progress_bar=False)
     fields = ("num_steps", "diverging", "accept_prob") + tuple(fields)
-    total = num_warmup + num_samples
-    # NumPyro's public API collects the warm-up only through MCMC.warmup, a second compiled loop; the
-    # collection window below is what MCMC.warmup(collect_warmup=True) sets, stretched over the whole run.
-    mcmc._set_collection_params(0, total, total, "sample")
+    _keep_every_iteration(mcmc)
     clock = CompileClock()
     with clock.phase("run"):
         mcmc.run(rng_key, init_params=jnp.asarray(positions), extra_fields=fields)
@@ -846,6 +843,14 @@ def run_pymc_numpyro(rng_key, model, positions, num_warmup, num_samples, **optio
     return _pymc_jax_run(clock, draws, warm, stats, extra)
 
 
+def _keep_every_iteration(mcmc) -> None:
+    """Make ``mcmc.run`` keep every iteration, warm-up included.  NumPyro's public API collects the warm-up
+    only through ``MCMC.warmup``, a second compiled loop; this is the collection window
+    ``MCMC.warmup(collect_warmup=True)`` sets, stretched over the whole run (the draws are the same)."""
+    total = mcmc.num_warmup + mcmc.num_samples
+    mcmc._set_collection_params(0, total, total, "sample")
+
+
 def _numpyro_keeps_warmup():
     """A context in which ``numpyro.infer.MCMC`` keeps every iteration of ``run``, warm-up included."""
     import contextlib
@@ -857,8 +862,7 @@ def _numpyro_keeps_warmup():
     class KeepsWarmup(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            total = self.num_warmup + self.num_samples
-            self._set_collection_params(0, total, total, "sample")
+            _keep_every_iteration(self)
 
     @contextlib.contextmanager
     def patched():
