@@ -92,7 +92,7 @@ def build_engine(
     round_end_fn: Callable | None = None, round_end_state: Any = None,
     super_transitions: int | None = None, shared_num_steps: bool = True,
     min_steps_fraction: float = _DEFAULT.box.min_steps_fraction, sequential_chains: bool = False,
-    jump_estimate: str | None = _DEFAULT.reward.jump_estimate,
+    jump_estimate: str | None = _DEFAULT.reward.jump_estimate, host_solves: bool = True,
 ) -> Engine:
     """Build the adaptive-HMC engine for a batch of chains.
 
@@ -142,7 +142,7 @@ def build_engine(
     warmup = _warmup_of(config, plan, recipe=recipe, use_center=use_center, compare_chains=chain_data is None,
                         user_num_steps=num_steps_bounds is not None, super_transitions=super_transitions)
     rounds = _rounds(tuner, space, box0, config, plan, round_end_fn=round_end_fn, super_transitions=super_transitions,
-                     exploit_after_warmup=exploit_after_warmup)
+                     exploit_after_warmup=exploit_after_warmup, host_solves=bool(host_solves))
     parts = EngineParts(
         config=config, logdensity_fn=logdensity_fn, chain_data=chain_data, plan=plan, kernel=chain_kernel,
         warmup=warmup, rounds=rounds, tuner=tuner, box0=box0, inverse_mass_matrix=inverse_mass_matrix,

@@ -4,7 +4,8 @@ Every iteration adds the chains' whitened squared jumps to the round's running s
 (:func:`ahmc.core.objectives.round_update`; with ``jump_estimate="trajectory"`` also every
 leapfrog step's, :func:`trajectory_jump_estimate`).  At a round's end the reward (the objective
 of the round's sums, or a ``round_end_fn`` hook's value from the round's draws) updates the core
-tuner: once, with the chain-mean reward and weight ``C`` (pooled), or per chain.  :func:`build_rounds`
+tuner: once, with the chain-mean reward and weight ``C`` (pooled, its solves in NumPy on the host:
+:func:`tuner_solves`), or per chain.  :func:`build_rounds`
 returns these as functions of the engine's state; the engine decides when a round ends.
 """
 
@@ -163,29 +164,134 @@ def _build_sums(*, by_trajectory: bool, num_step_values: int, min_steps_fraction
     return fresh, made_jumps, add, chain_rewards
 
 
+def _python_cond(pred, true_fn, false_fn, operand):
+    """``jax.lax.cond``'s contract in plain Python, for the tuner's NumPy path on the host."""
+    return true_fn(operand) if bool(pred) else false_fn(operand)
+
+
+class _Packing(NamedTuple):
+    """A pytree of fixed shapes as one flat vector per dtype: a host callback costs about 50 us per array
+    it passes, so the tuner's twenty-odd arrays go as three."""
+
+    treedef: Any
+    leaves: tuple  # ShapeDtypeStructs
+    dtypes: tuple
+
+    @classmethod
+    def of(cls, shapes):
+        leaves, treedef = jax.tree.flatten(shapes)
+        return cls(treedef, tuple(leaves), tuple(sorted({np.dtype(leaf.dtype) for leaf in leaves}, key=str)))
+
+    @property
+    def vectors(self):
+        sizes = [sum(int(np.prod(leaf.shape)) for leaf in self.leaves if leaf.dtype == d) for d in self.dtypes]
+        return tuple(jax.ShapeDtypeStruct((size,), d) for size, d in zip(sizes, self.dtypes))
+
+    def pack(self, tree, xp):
+        flat = jax.tree.leaves(tree)
+        return tuple(xp.concatenate([xp.reshape(xp.asarray(x), (-1,)).astype(d)
+                                     for x, leaf in zip(flat, self.leaves) if leaf.dtype == d]) for d in self.dtypes)
+
+    def unpack(self, vectors, xp):
+        offsets, flat = dict.fromkeys(self.dtypes, 0), []
+        for leaf in self.leaves:
+            vector, start, size = vectors[self.dtypes.index(leaf.dtype)], offsets[leaf.dtype], int(np.prod(leaf.shape))
+            flat.append(xp.reshape(vector[start:start + size], leaf.shape))
+            offsets[leaf.dtype] = start + size
+        return jax.tree.unflatten(self.treedef, flat)
+
+
+def _on_host(fn, shapes):
+    """``fn`` on NumPy arrays, called from traced code through ``jax.pure_callback``; its output has
+    ``shapes`` (a pytree of ``ShapeDtypeStruct``)."""
+    out = _Packing.of(shapes)
+
+    def call(*args):
+        given = _Packing.of(jax.eval_shape(lambda *a: a, *args))
+
+        def host(*vectors):  # NumPy arrays: the core then runs its NumPy path
+            with np.errstate(all="ignore"):  # quiet as the traced path is (e.g. float32's inf scale x 0)
+                return out.pack(fn(*given.unpack([np.asarray(v) for v in vectors], np)), np)
+
+        packed = jax.pure_callback(host, out.vectors, *given.pack(args, jnp), vmap_method="sequential")
+        return out.unpack(packed, jnp)
+
+    return call
+
+
+def _callbacks_see_this_precision() -> bool:
+    """Whether a host callback returns this trace's dtypes: JAX casts its outputs under the process-wide
+    ``jax_enable_x64``, so inside a ``with jax.enable_x64(...)`` block that differs from it the float64
+    results would not match (a run-time error); the solves then stay traced."""
+    try:
+        from jax._src.config import enable_x64
+    except ImportError:  # pragma: no cover - a JAX without it: assume the usual process-wide setting
+        return True
+    return bool(enable_x64.value) == bool(enable_x64.get_global())
+
+
+def tuner_solves(tuner, *, on_host: bool):
+    """``(complete, best_arm)``: the pooled tuner's linear algebra, ``complete(state, work) -> state`` (the
+    second half of its update, :func:`ahmc.core.gp_ucb`'s ``complete``) and ``best_arm(state)`` (the arm of
+    highest posterior mean reward), traced or, ``on_host``, in NumPy through ``jax.pure_callback``.
+
+    On the host they are the core tuner's NumPy path, the one the PyMC step runs: the same solves, so the
+    same arms (the engine's pinned draws are equal to the bit; tested).  Traced, XLA's CPU compiler turns
+    them into about a hundred fused kernels, 0.5-0.7 s of every run's compilation on a 2-core host
+    (docs/decisions.md, "The pooled tuner's solves on the host"); on the host they cost under a
+    millisecond in the rounds that move the arm.  Not for a state a user's ``jax.vmap`` batches (the
+    one-chain kernel): there a ``lax.cond`` becomes a select and the callback would run every round."""
+    def traced_complete(state, work):
+        return tuner.complete(state, work, cond=jax.lax.cond)[0]
+
+    def traced_best_arm(state):
+        return jnp.argmax(tuner.surrogate(state).mean.reshape(-1)).astype(jnp.int32)
+
+    if not on_host:
+        return traced_complete, traced_best_arm
+
+    def complete(state, work):
+        if not _callbacks_see_this_precision():
+            return traced_complete(state, work)
+        shapes = jax.eval_shape(traced_complete, state, work)
+        return _on_host(lambda s, w: tuner.complete(s, w, cond=_python_cond)[0], shapes)(state, work)
+
+    def best_arm(state):
+        if not _callbacks_see_this_precision():
+            return traced_best_arm(state)
+        shape = jax.ShapeDtypeStruct((), jnp.int32)
+        return _on_host(lambda s: np.argmax(tuner.surrogate(s).mean), shape)(state)
+
+    return complete, best_arm
+
+
 def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, num_step_values: int,
                  min_steps_fraction: float, objective_fn: Callable, round_end_fn: Callable | None,
-                 exploit_after_warmup: bool, num_warmup_rounds: int, super_transitions: int | None) -> Rounds:
-    """The rounds of ``tuner`` (:func:`ahmc.core.gp_ucb`) over a box whose ``eps`` grid is log-spaced if ``log_grid``."""
+                 exploit_after_warmup: bool, num_warmup_rounds: int, super_transitions: int | None,
+                 host_solves: bool = False) -> Rounds:
+    """The rounds of ``tuner`` (:func:`ahmc.core.gp_ucb`) over a box whose ``eps`` grid is log-spaced if
+    ``log_grid``; ``host_solves``: a pooled tuner's linear algebra in NumPy on the host (:func:`tuner_solves`)."""
     arm, chain_arms, length = _build_arms(tuner.space, pooled=pooled, log_grid=log_grid,
                                           min_steps_fraction=min_steps_fraction, super_transitions=super_transitions)
     fresh, made_jumps, add, chain_rewards = _build_sums(by_trajectory=by_trajectory, num_step_values=num_step_values,
                                                         min_steps_fraction=min_steps_fraction, objective_fn=objective_fn)
+    complete, best_arm = tuner_solves(tuner, on_host=host_solves and pooled)
 
     def exploit(tuner_state):
         """End of warm-up: move to the arm of highest posterior mean reward."""
         def best(t):
-            return t._replace(arm=jnp.argmax(tuner.surrogate(t).mean.reshape(-1)).astype(jnp.int32))
+            return t._replace(arm=best_arm(t))
         return best(tuner_state) if pooled else jax.vmap(best)(tuner_state)
 
     def update_tuner(tuner_state, rewards, key_tuner, dtype, num_chains):
         """The tuner's update with the round's rewards: ``(tuner_state, reward, changed, p)`` per chain."""
-        if pooled:
+        if pooled:  # update's two halves: the solves only when the arm moves or a stored arm is evicted
             reward = jnp.mean(rewards)
             uniform = jax.random.uniform(key_tuner, (), dtype)
-            tuner_state, tinfo = tuner.update(tuner_state, reward, uniform, num_chains * 1.0, cond=jax.lax.cond)
-            changed = jnp.broadcast_to(tinfo.arm_changed, (num_chains,))
-            return tuner_state, jnp.broadcast_to(reward, (num_chains,)), changed, tinfo.adapt_probability
+            recorded, work = tuner.record(tuner_state, reward, uniform, num_chains * 1.0)
+            tuner_state = jax.lax.cond(work.needs_solve, complete, lambda s, w: s, recorded, work)
+            changed = jnp.broadcast_to(tuner_state.arm != recorded.arm, (num_chains,))
+            return tuner_state, jnp.broadcast_to(reward, (num_chains,)), changed, work.adapt_probability
         uniforms = jax.random.uniform(key_tuner, (num_chains,), dtype)
         # update's two halves: the solves only in rounds where some chain needs them (a chain's
         # own branch under vmap would run them in every round, for every chain)
@@ -254,10 +360,10 @@ def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, nu
         recorded, work = tuner.record(state.tuner, jnp.mean(rewards), uniform, num_chains * 1.0)
         return state._replace(tuner=recorded, round_stats=fresh(num_chains, dtype)), (work, rewards)
 
-    return Rounds(arm, chain_arms, fresh, add, close, finish, partial(segmented_rounds, tuner, record), length)
+    return Rounds(arm, chain_arms, fresh, add, close, finish, partial(segmented_rounds, complete, record), length)
 
 
-def segmented_rounds(tuner, record, inner, state, blocks):
+def segmented_rounds(complete, record, inner, state, blocks):
     """Whole rounds of a pooled tuner after warm-up (no hook), keys ``blocks`` (rounds, L):
     ``(state, (positions, info))`` with a leading rounds axis, as one round per scan step gives.
 
@@ -267,7 +373,7 @@ def segmented_rounds(tuner, record, inner, state, blocks):
     segments: an inner loop of whole rounds (transitions, round sums, the reward and the tuner's
     bookkeeping, ``tuner.record``) that stops after the first round whose update needs the
     tuner's solves (a move of the arm, p_i per round, or an eviction); then ``tuner.complete``
-    outside it.  A non-finite reward warns once, after the run."""
+    outside it (``complete``, :func:`tuner_solves`).  A non-finite reward warns once, after the run."""
     num_rounds = blocks.shape[0]
     num_chains = state.logdensity.shape[0]
     dtype = state.inverse_mass_matrix.dtype
@@ -304,8 +410,7 @@ def segmented_rounds(tuner, record, inner, state, blocks):
         state, r, outputs, pending, _, nonfinite = carry
         state, r, outputs, pending, stopped, nonfinite = jax.lax.while_loop(
             lambda c: (c[1] < num_rounds) & ~c[4], one_round, (state, r, outputs, pending, False, nonfinite))
-        tuner_state, _ = jax.lax.cond(stopped, partial(tuner.complete, cond=jax.lax.cond),
-                                      lambda t, w: (t, jnp.asarray(-1, jnp.int32)), state.tuner, pending[0])
+        tuner_state = jax.lax.cond(stopped, complete, lambda t, w: t, state.tuner, pending[0])
         changed = jnp.broadcast_to(tuner_state.arm != state.tuner.arm, (num_chains,))
         positions, info = outputs
         info = info._replace(arm_changed=info.arm_changed.at[r - 1, -1].set(changed))

@@ -366,6 +366,8 @@ def adaptive_hmc(
     build, options = _builder(metric, options, "adaptive_hmc")
     if metric is not None:
         options.setdefault("sequential_chains", False)  # one chain: nothing to run one after another
+    # the user's jax.vmap batches this tuner: its solves stay traced (a host callback would run every round)
+    options.setdefault("host_solves", False)
     engine = build(logdensity_fn, num_warmup=num_warmup, **options)
     return _one_chain(engine, partial(_start, build, engine, logdensity_fn, options=options))
 

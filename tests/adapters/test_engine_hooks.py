@@ -200,3 +200,61 @@ def test_the_default_reward_is_the_strict_ess_where_a_mass_matrix_gives_the_mean
     box = dict(step_size_bounds=(0.1, 1.0), num_steps_bounds=(1, 5))
     assert not needs_center(build_engine(logdensity, num_warmup=100, adapt_mass_matrix=False, **box).config.objective)
     assert not needs_center(build_engine(logdensity, num_warmup=100, metric_fraction=0.0, **box).config.objective)
+
+
+def _solves_and_updates(capacity=4):
+    """The host and traced solves of a small tuner (:func:`tuner_solves`), and its updates' ``record`` halves
+    from random rewards, with an exploit step's outside move of the arm every ninth round."""
+    from ahmc.adapters._jax_rounds import tuner_solves
+    from ahmc.core import gp_ucb, search_space
+
+    tuner = gp_ucb(search_space((0.05, 1.0), (1, 20), num_step_sizes=30), capacity=capacity, k=12)
+    rng = np.random.default_rng(0)
+    num_arms = tuner.space.shape[0] * tuner.space.shape[1]
+
+    def record(state, i):
+        if i % 9 == 8:
+            state = state._replace(arm=np.int32(rng.integers(num_arms)))
+        return tuner.record(state, rng.normal(1.0, 0.3), rng.uniform(0.0, 1.2), 4.0)
+
+    return tuner, [tuner_solves(tuner, on_host=on_host) for on_host in (True, False)], record
+
+
+def test_the_pooled_tuners_solves_on_the_host_give_the_traced_ones(jax_x64):
+    """A pooled route's tuner runs its linear algebra on the host (``host_solves=True``, the default): the
+    sampling step holds no LAPACK call, and the host's ``complete`` and best arm equal the traced ones on
+    every kind of update (adapting, evicting a stored arm, settling an arm moved from outside)."""
+    tuner, (host, traced), record = _solves_and_updates()
+    host_complete, traced_complete = jax.jit(host[0]), jax.jit(traced[0])
+    state, kinds = tuner.init(np, np.float64), set()
+    for i in range(40):
+        recorded, work = record(state, i)
+        kinds |= {name for name in ("is_moved", "is_evicting", "is_adapting") if getattr(work, name)}
+        expected, got = traced_complete(recorded, work), host_complete(recorded, work)
+        assert int(got.arm) == int(expected.arm)
+        for name in ("grid_variance", "pending_weight"):
+            np.testing.assert_allclose(getattr(got, name), getattr(expected, name), rtol=1e-9, atol=1e-12)
+        assert int(jax.jit(host[1])(got)) == int(jax.jit(traced[1])(got))
+        state = jax.tree.map(np.asarray, expected)
+    assert kinds == {"is_moved", "is_evicting", "is_adapting"}
+
+    engine = build_engine(lambda x: -0.5 * jnp.sum(x ** 2), num_warmup=100)
+    lowered = jax.jit(lambda k, s: engine.step(k, s, sampling=True)).lower(
+        jax.random.key(1), engine.init(jnp.zeros((2, 3)), jax.random.key(0))).as_text()
+    assert "lapack" not in lowered and "python_cpu_callback" in lowered
+
+
+def test_host_solves_run_inside_an_enable_x64_block():
+    """JAX casts a callback's outputs under the process-wide precision, so inside ``with
+    jax.enable_x64(True)`` (the process in float32) the solves stay traced instead of failing."""
+    tuner, (host, traced), record = _solves_and_updates()
+    host_complete, traced_complete = jax.jit(host[0]), jax.jit(traced[0])
+    with jax.enable_x64(True):
+        state = tuner.init(np, np.float64)
+        for i in range(4):
+            recorded, work = record(state, i)
+            expected = traced_complete(recorded, work)
+            got = host_complete(recorded, work)
+            assert got.grid_variance.dtype == jnp.float64 and int(got.arm) == int(expected.arm)
+            state = jax.tree.map(np.asarray, got)
+        assert int(jax.jit(host[1])(state)) == int(jax.jit(traced[1])(state))
