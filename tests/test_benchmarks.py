@@ -1060,3 +1060,19 @@ def test_results_json_keeps_scalars_exact_and_long_lists_at_four_digits(tmp_path
     back = json.loads(path.read_text())["runs"][0]["metrics"]
     assert back["ess"] == 123.456789012 and back["short"] == [1.23456789, 2.0]
     assert back["field"]["mean"][:17] == [1.235] * 17 and back["field"]["mean"][17] != back["field"]["mean"][17]
+
+
+def test_the_reward_estimate_study_recovers_an_ar1_chains_ess():
+    """``benchmarks.reward_estimate``: on AR(1) draws (rho 0.5, so 1/3 effective draw per draw for x and
+    0.6 for x^2) the truth and both estimates agree; with rho_2 != rho_1^2 the two-lag estimate moves."""
+    from benchmarks.reward_estimate import _two_lag_ess, estimates
+
+    rng = np.random.default_rng(0)
+    rho, draws = 0.5, np.empty((4, 4000, 3))
+    draws[:, 0] = rng.normal(size=(4, 3))
+    for t in range(1, draws.shape[1]):
+        draws[:, t] = rho * draws[:, t - 1] + np.sqrt(1 - rho ** 2) * rng.normal(size=(4, 3))
+    found = estimates(draws, gradients_per_draw=2.0)
+    for name in ("truth", "lag_one", "two_lag"):
+        assert abs(found[name] - 1 / 3) < 0.1 / 3, (name, found)
+    assert abs(_two_lag_ess(0.5, 0.25) - 1 / 3) < 1e-12 and _two_lag_ess(0.5, 0.4) < 0.25
