@@ -238,7 +238,7 @@ def tuner_solves(tuner, *, on_host: bool):
     On the host they are the core tuner's NumPy path, the one the PyMC step runs: the same solves, so the
     same arms (the engine's pinned draws are equal to the bit; tested).  Traced, XLA's CPU compiler turns
     them into about a hundred fused kernels, 0.5-0.7 s of every run's compilation on a 2-core host
-    (docs/decisions.md, "The pooled tuner's solves on the host"); on the host they cost under a
+    (docs/decisions.md, "The pooled tuner's solves run on the host"); on the host they cost under a
     millisecond in the rounds that move the arm.  Not for a state a user's ``jax.vmap`` batches (the
     one-chain kernel): there a ``lax.cond`` becomes a select and the callback would run every round."""
     def traced_complete(state, work):
