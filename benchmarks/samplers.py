@@ -1079,9 +1079,9 @@ DENSE_SAMPLERS: dict[str, Runner] = {
     "nutpie_low_rank": _with_defaults(run_nutpie, "nutpie's low-rank mass-matrix adaptation", adaptation="low_rank"),
 }
 
-# Run by name only (not in the default set): ahmc's
-# adapters with dense_mass="auto" (dense where the warm-up's correlations stand out from their noise;
-# diagonal above d = 200, so these run on every model), and PooledAdaptiveHMC.
+# Run by name only (not in the default set): ahmc's adapters with dense_mass="auto" (dense where the
+# warm-up's correlations stand out from their noise; diagonal above d = 200, so these run on every
+# model), and PooledAdaptiveHMC.
 BY_NAME_SAMPLERS: dict[str, Runner] = {
     "ahmc_blackjax_auto": _with_defaults(run_ahmc_blackjax, "dense_mass='auto'", dense_mass="auto"),
     "ahmc_numpyro_auto": _with_defaults(run_ahmc_numpyro, "dense_mass='auto'", dense_mass="auto"),
