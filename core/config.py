@@ -191,7 +191,7 @@ class WarmupConfig:
     target_acceptance_rate: float = _option(0.8, "Dual averaging's target in the metric phase.")
     initial_step_size: float | None = _option(None, "First step size of dual averaging. `None`: 1.0 (PyMC: its "
                                                     "own `step_scale / d^(1/4)`).")
-    warmup_integration_time: float = _option(2.0, "Trajectory length `eps x L` of the metric phase.")
+    warmup_integration_time: float = _option(1.0, "Trajectory length `eps x L` of the metric phase.")
     restart_lost_chains: bool = _option(True, "With 3 or more pooled chains, restart a chain lost far below the "
                                               "others from another chain's position (JAX routes).")
     warm_start_weight: float = _option(

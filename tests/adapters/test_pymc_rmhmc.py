@@ -314,11 +314,11 @@ def test_a_compound_partner_moving_a_variable_gives_a_fresh_start_geometry():
     iteration's start geometry is evaluated afresh then, never taken from the previous iteration."""
     with pm.Model() as model:
         k = pm.Bernoulli("k", 0.5)
-        x = pm.Normal("x", 3.0 * k, 1.0, shape=2)
+        x = pm.Normal("x", 20.0 * k, 1.0, shape=2)  # a flip of k moves the density far from any draw
         step = AdaptiveRMHMC(vars=[x])
     logp = model.compile_logp()
     step.setup_chain(np.random.default_rng(0), tune=10, draws=0)
-    moved, _ = step.step(model.initial_point() | {"k": np.array(0)})
+    moved, _ = step.step(model.initial_point() | {"k": np.array(0), "x": np.zeros(2)})  # at k = 0's mode
     flipped = moved | {"k": np.array(1)}
     step.step(flipped)
     assert step.integrator.start.logp == pytest.approx(logp(flipped), rel=1e-12)

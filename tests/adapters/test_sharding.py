@@ -48,8 +48,13 @@ def _arrays(run):
 
 def test_two_devices_give_the_unsharded_run(eight_devices):
     runs, _ = eight_devices
-    for one, two in zip(_arrays(runs["one"]), _arrays(runs["two"])):
-        np.testing.assert_allclose(two, one, rtol=0, atol=1e-5)
+    (samples_one, eps_one, steps_one), (samples_two, eps_two, steps_two) = _arrays(runs["one"]), _arrays(runs["two"])
+    np.testing.assert_array_equal(steps_two, steps_one)  # the same arms, iteration by iteration
+    # float32, and the pooled sums over chains are reduced in another order across devices: the rounding
+    # differs in the last bits and the chains carry it on for 700 iterations (up to 2e-4 seen); another
+    # run would differ by the posterior's scale, 1-5
+    np.testing.assert_allclose(eps_two, eps_one, rtol=1e-4)
+    np.testing.assert_allclose(samples_two, samples_one, rtol=0, atol=2e-3)
 
 
 def test_output_stays_sharded_along_the_chain_axis(eight_devices):
