@@ -50,9 +50,9 @@ def test_two_devices_give_the_unsharded_run(eight_devices):
     runs, _ = eight_devices
     (samples_one, eps_one, steps_one), (samples_two, eps_two, steps_two) = _arrays(runs["one"]), _arrays(runs["two"])
     np.testing.assert_array_equal(steps_two, steps_one)  # the same arms, iteration by iteration
-    # float32, and the pooled sums over chains are reduced in another order across devices: the rounding
-    # differs in the last bits and the chains carry it on for 700 iterations (up to 2e-4 seen); another
-    # run would differ by the posterior's scale, 1-5
+    # float32 (JAX's default): the two programs' fusions round differently in the last bits, and the chains
+    # carry that on for 700 iterations (up to 2e-4 seen); in float64 the runs are equal to the bit (checked
+    # with JAX_ENABLE_X64=1). A different run would differ by the posterior's scale, 0.1-5
     np.testing.assert_allclose(eps_two, eps_one, rtol=1e-4)
     np.testing.assert_allclose(samples_two, samples_one, rtol=0, atol=2e-3)
 
