@@ -127,7 +127,8 @@ class GPConfig:
     noise_variance: float | None = _option(
         None, f"Observation noise relative to the unit prior variance. `None`: {POOLED_NOISE_VARIANCE} for tuners "
               f"that pool chains (JAX routes, RMHMC), {PYMC_STEP_NOISE_VARIANCE} for the PyMC step's one-chain rounds.")
-    alpha: float = _option(4.0, "Scale of the mean, `s = alpha / |best reward|` (the paper's).")
+    alpha: float = _option(8.0, "Scale of the mean, `s = alpha / |best reward|` (the paper's: 4; 8 explores less "
+                                "and measured 1.16x strict ESS per gradient, docs/decisions.md).")
     delta: float = _option(0.1, "Confidence of GP-UCB's `beta_i = 2 log(i^(d/2+2) pi^2 / (3 delta))`.")
 
     def __post_init__(self):
@@ -259,7 +260,7 @@ GROUP_TITLES = {"box": "Search box", "gp": "Gaussian process", "schedule": "Sche
                 "reward": "Reward"}
 PAPER_SETTINGS = {"objective": "normalized_esjd", "adapt_mass_matrix": False, "k": 100, "log_step_size": False,
                   "divergence_penalty": 0.0, "min_steps_fraction": 0.0, "jump_estimate": "transition",
-                  "divergence_retry": None}
+                  "divergence_retry": None, "alpha": 4.0}
 
 
 def _group_of() -> dict[str, str]:

@@ -481,8 +481,9 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         ``noise_variance=0.5`` (the JAX engine and :class:`AdaptiveRMHMC`: 0.1): each chain has its own
         tuner, and one chain's 10-iteration round is a noisy reward.  Measured on Pima, the rewards of
         repeated rounds at one arm have a standard deviation of ~35% of their mean, and the best reward
-        seen is ~2x a good arm's mean, so in the tuner's units (best = ``alpha`` = 4) the noise sd is
-        ~4 x 0.35 / 2 = 0.7, variance ~0.5.
+        seen is ~2x a good arm's mean, so in the tuner's units (best = ``alpha``, then 4) the noise sd was
+        ~4 x 0.35 / 2 = 0.7, variance ~0.5. With ``alpha=8`` (the default since 2026-12-06) it is ~1.4: the
+        GP trusts one round more than its noise warrants, which measured better (docs/decisions.md).
     pooled : bool
         ``True``: one tuner for all chains, as the JAX adapters have with vectorized chains.  Every
         round the chains' rewards are averaged into one observation of weight ``chains`` and every

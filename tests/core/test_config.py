@@ -52,7 +52,7 @@ def test_paper_preset_is_algorithm_2_as_published():
     config = Config.paper((0.01, 0.2), (1, 50))
     assert config.box.step_size_bounds == (0.01, 0.2) and config.box.num_steps_bounds == (1, 50)
     assert config.box.log_step_size is False and config.warmup.adapt_mass_matrix is False
-    assert config.schedule.k == 100 and config.reward.divergence_penalty == 0.0
+    assert config.schedule.k == 100 and config.reward.divergence_penalty == 0.0 and config.gp.alpha == 4.0
     assert config.reward.jump_estimate == "transition" and config.reward.divergence_retry is None
 
 
