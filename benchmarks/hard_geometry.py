@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from .metrics import bulk_ess
+from .metrics import strict_ess
 
 EIGHT_Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
 EIGHT_SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
@@ -43,12 +43,6 @@ def log_tau_truth(num_samples: int = 20000) -> tuple[float, float]:
     mcmc.run(jax.random.key(2013))
     log_tau = np.log(np.asarray(mcmc.get_samples()["tau"]))
     return float(log_tau.mean()), float(log_tau.std())
-
-
-def strict_ess(draws: np.ndarray) -> float:
-    """min over coordinates of min(bulk ESS of x, of (x - mean)^2); draws (chains, draws, dim)."""
-    centred = (draws - draws.mean(axis=(0, 1))) ** 2
-    return float(np.minimum(bulk_ess(draws), bulk_ess(centred)).min())
 
 
 def numpyro_run(model_name: str, sampler: str, seed: int) -> dict:

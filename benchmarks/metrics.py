@@ -41,12 +41,20 @@ import numpy as np
 from arviz_stats import ess as _arviz_ess
 from arviz_stats import rhat as _arviz_rhat
 
-__all__ = ["CompileClock", "bulk_ess", "lag1_autocorrelation", "split_rhat", "summarize", "three_numbers"]
+__all__ = ["CompileClock", "bulk_ess", "lag1_autocorrelation", "split_rhat", "strict_ess", "summarize",
+           "three_numbers"]
 
 
 def bulk_ess(draws: np.ndarray) -> np.ndarray:
     """Bulk ESS per coordinate of ``draws`` (chains, draws, dim) -> (dim,)."""
     return np.asarray(_arviz_ess(np.asarray(draws, dtype=np.float64), method="bulk"), dtype=np.float64)
+
+
+def strict_ess(draws) -> float:
+    """The headline's ESS: min over coordinates of min(bulk ESS of x, of (x - mean)^2); draws (chains, draws, dim)."""
+    draws = np.asarray(draws, dtype=np.float64)
+    squares = (draws - draws.mean(axis=(0, 1))) ** 2
+    return float(min(bulk_ess(draws).min(), bulk_ess(squares).min()))
 
 
 def split_rhat(draws: np.ndarray) -> np.ndarray:

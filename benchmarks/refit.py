@@ -44,7 +44,7 @@ import numpy as np
 from ahmc.adapters.blackjax import run_chains, tuning_snapshot
 from ahmc.core.snapshot import CHECK_ITERATIONS, WarmStartWarning
 
-from .metrics import bulk_ess, split_rhat
+from .metrics import bulk_ess, split_rhat, strict_ess
 from .models import load_breast_cancer, load_pima, logistic_logdensity, logistic_regression
 from .posteriordb import POSTERIORS, load_data
 
@@ -98,10 +98,6 @@ def partial_scenarios(name: str, rng):
                Posterior(jax.tree_util.Partial(logistic_logdensity, X_new, y_new), X.shape[1] + 1))
 
 
-def strict_ess(draws) -> float:
-    draws = np.asarray(draws, dtype=float)
-    squares = (draws - draws.mean(axis=(0, 1))) ** 2
-    return float(min(bulk_ess(draws).min(), bulk_ess(squares).min()))
 
 
 def mcse(draws):

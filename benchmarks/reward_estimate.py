@@ -21,7 +21,7 @@ import numpy as np
 
 from ahmc.core.objectives import RoundStats, normalized_ess
 
-from .metrics import bulk_ess
+from .metrics import strict_ess
 
 
 def _pooled_rho(values: np.ndarray, variance: float, lag: int) -> float:
@@ -44,7 +44,7 @@ def estimates(draws: np.ndarray, gradients_per_draw: float) -> dict:
     mean, sd = draws.mean(axis=(0, 1)), draws.std(axis=(0, 1))
     z = (draws - mean) / sd  # whitened and centred, as the reward's sums are
     squares = z ** 2
-    truth = min(np.min(bulk_ess(draws)), np.min(bulk_ess((draws - mean) ** 2))) / (draws.shape[0] * draws.shape[1])
+    truth = strict_ess(draws) / (draws.shape[0] * draws.shape[1])
     num = draws.shape[0] * (draws.shape[1] - 1)
     squares_jump = 0.5 * float(np.sum((squares[:, 1:] - squares[:, :-1]) ** 2))
     stats = RoundStats(num_iterations=float(num), num_gradients=gradients_per_draw * num,
