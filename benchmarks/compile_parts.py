@@ -6,10 +6,13 @@ the defaults plus ``--options``) is compiled three ways, each adding a part to t
 * ``transition``: the sampling phase's step without a round's end (the chains' HMC transition, the round sums);
 * ``+ rounds``: with the run-time branch of a round's end (the reward, the GP-UCB update);
 * ``+ warm-up``: the step as the NumPyro kernel traces it (dual averaging, the metric windows and
-  estimator, chain checks, the box), what ``MCMC`` compiles inside its loop.
+  estimator, chain checks, the box), what ``MCMC`` compiles inside its loop;
+* ``whole run``: ``run_chains``' program (1000 + 1000 iterations), with the seconds of one run of it.
 
-Prints, per model, the seconds of XLA compilation and the fused kernels of each, as a Markdown table.  A
-study: compare the rows of one run, not runs (2 shared cores).
+Prints, per model, the seconds of XLA compilation and the fused kernels of each, as a Markdown table.
+``--compiler-options`` passes XLA options to every compilation (e.g. ``'{"xla_backend_optimization_level":
+1}'``: docs/decisions.md, "XLA's optimization level").  A study: compare the rows of one run, not runs
+(2 shared cores).
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ PARTS = (("transition", {"sampling": True, "round_end": "never"}),
          ("+ warm-up", {}))
 
 
-def compile_parts(model, options: dict, num_chains: int = 4, num_warmup: int = 1000) -> list[dict]:
-    """``[{part, compile_s, fusions}]``: XLA's compile time and fused kernels of each way (module text)."""
+def compile_parts(model, options: dict, num_chains: int = 4, num_warmup: int = 1000,
+                  compiler_options: dict | None = None) -> list[dict]:
+    """``[{part, compile_s, fusions, run_s}]``: XLA's compile time and fused kernels of each way (module
+    text), and for the whole run the seconds of its run (the fastest of three; NaN for the parts)."""
     import jax
     import jax.numpy as jnp
 
     from ahmc.adapters._jax_engine import build_engine
-    from ahmc.adapters._jax_run import compiled_init
+    from ahmc.adapters._jax_run import _run_spec, _spec_run, compiled_init
 
     from .models import initial_positions
 
@@ -39,15 +44,30 @@ def compile_parts(model, options: dict, num_chains: int = 4, num_warmup: int = 1
     positions = jnp.asarray(initial_positions(model, num_chains, 0))
     state = compiled_init(engine, model.logdensity_fn, positions, jax.random.key(1))
     key = jax.random.key(0)
+    spec, inputs = _run_spec(model.logdensity_fn, num_warmup, num_warmup, options)
+    ways = [(part, lambda k, s, how=how: engine.step(k, s, **how), (key, state)) for part, how in PARTS]
+    ways.append(("whole run", lambda k, p, i: _spec_run(spec, k, p, i), (key, positions, inputs)))
     rows = []
-    for part, how in PARTS:
-        lowered = jax.jit(lambda k, s, how=how: engine.step(k, s, **how)).lower(key, state)
+    for part, fn, args in ways:
+        lowered = jax.jit(fn).lower(*args)
         start = time.perf_counter()
-        compiled = lowered.compile()
+        compiled = lowered.compile(compiler_options=compiler_options) if compiler_options else lowered.compile()
         seconds = time.perf_counter() - start
         fusions = len(re.findall(r"= \S+ fusion\(", compiled.as_text()))
-        rows.append({"part": part, "compile_s": seconds, "fusions": fusions})
+        run_s = float("nan")
+        if part == "whole run":
+            jax.block_until_ready(compiled(*args))  # the first call's allocations are not the run's
+            run_s = min(_seconds(compiled, args) for _ in range(3))
+        rows.append({"part": part, "compile_s": seconds, "fusions": fusions, "run_s": run_s})
     return rows
+
+
+def _seconds(compiled, args) -> float:
+    import jax
+
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    return time.perf_counter() - start
 
 
 def main(argv=None) -> list:
@@ -55,6 +75,7 @@ def main(argv=None) -> list:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="std_gauss_10")
     parser.add_argument("--options", default="{}", help="engine options as JSON, e.g. '{\"metric_recipe\": \"welford_diag\"}'")
+    parser.add_argument("--compiler-options", default="{}", help="XLA compiler options as JSON")
     args = parser.parse_args(argv)
 
     import jax
@@ -62,13 +83,15 @@ def main(argv=None) -> list:
     jax.config.update("jax_enable_x64", True)
     from .models import get_model
 
-    options = json.loads(args.options)
-    print(f"options {options}\n\n| model | part | XLA compile (s) | fused kernels |\n|---|---|---|---|")
+    options, compiler_options = json.loads(args.options), json.loads(args.compiler_options)
+    print(f"options {options}, compiler options {compiler_options}\n\n"
+          "| model | part | XLA compile (s) | fused kernels | run (s) |\n|---|---|---|---|---|")
     results = []
     for name in args.models.split(","):
-        for row in compile_parts(get_model(name), options):
+        for row in compile_parts(get_model(name), options, compiler_options=compiler_options):
             results.append({"model": name, **row})
-            print(f"| {name} | {row['part']} | {row['compile_s']:.2f} | {row['fusions']} |", flush=True)
+            run = "" if row["run_s"] != row["run_s"] else f"{row['run_s']:.2f}"
+            print(f"| {name} | {row['part']} | {row['compile_s']:.2f} | {row['fusions']} | {run} |", flush=True)
     return results
 
 

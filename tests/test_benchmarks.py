@@ -1037,13 +1037,16 @@ def test_pytensor_first_use_is_paid_before_any_pymc_sampler_is_timed():
 
 @pytest.mark.slow  # 2026-12-05: the default suite took 18-22 min on this host; a default test covers most of it
 def test_compile_parts_study_times_each_added_part_of_the_engine(jax_x64):
-    """The study compiles the transition, then the rounds, then the warm-up: each adds fused kernels."""
+    """The study compiles the transition, then the rounds, then the warm-up: each adds fused kernels; then the
+    whole run, which it also runs; XLA's options reach every compilation."""
     from benchmarks.compile_parts import compile_parts
 
-    rows = compile_parts(models.get_model("corr_gauss_2"), {"metric_recipe": "welford_diag"}, num_warmup=100)
-    assert [r["part"] for r in rows] == ["transition", "+ rounds", "+ warm-up"]
+    rows = compile_parts(models.get_model("corr_gauss_2"), {"metric_recipe": "welford_diag"}, num_warmup=100,
+                         compiler_options={"xla_backend_optimization_level": 1})
+    assert [r["part"] for r in rows] == ["transition", "+ rounds", "+ warm-up", "whole run"]
     assert all(r["compile_s"] > 0 for r in rows)
     assert rows[0]["fusions"] < rows[1]["fusions"] < rows[2]["fusions"]
+    assert rows[3]["run_s"] > 0 and all(r["run_s"] != r["run_s"] for r in rows[:3])
 
 
 def test_results_json_keeps_scalars_exact_and_long_lists_at_four_digits(tmp_path):
