@@ -62,6 +62,8 @@ class AdaptiveHMCState(NamedTuple):
                        NumPyro's ``HMCState``: the proposal's if accepted, else the starting point's
     num_steps          leapfrog steps taken this iteration (gradient evaluations), a retry's included
     accept_prob        Metropolis acceptance probability
+    mean_accept_prob   running mean of ``accept_prob`` over the current phase (warm-up, then draws), as
+                       NumPyro's ``HMCState`` keeps it
     diverging          whether the transition diverged
     step_size          step size used
     max_steps          the tuner's arm ``L`` (steps are drawn from ``{1..L}``, or from
@@ -75,6 +77,12 @@ class AdaptiveHMCState(NamedTuple):
                        (``divergence_retry``); ``diverging`` is then whether the retry diverged too
     engine             the engine's state (tuner, mass matrix, round sums)
     rng_key            random key
+
+    Read like NumPyro's ``HMCState`` too (properties, so ``extra_fields=("adapt_state.step_size",)`` and
+    the like work as with ``NUTS``): ``adapt_state`` (``step_size``: this iteration's;
+    ``inverse_mass_matrix``: the flattened position's, diagonal or dense, one for all vectorized chains),
+    ``z_grad`` (gradient of the potential energy at ``z``) and ``trajectory_length`` (``step_size *
+    num_steps``, the integration time run).
     """
 
     i: Any
@@ -83,6 +91,7 @@ class AdaptiveHMCState(NamedTuple):
     energy: Any
     num_steps: Any
     accept_prob: Any
+    mean_accept_prob: Any
     diverging: Any
     step_size: Any
     max_steps: Any
@@ -98,6 +107,37 @@ class AdaptiveHMCState(NamedTuple):
 
 TUNER_FIELDS = ("step_size", "max_steps", "num_steps", "accept_prob", "reward", "tuning_round",
                 "arm_changed", "adapt_probability", "restarted", "retried", "potential_energy", "energy")
+
+
+class AdaptState(NamedTuple):
+    """``state.adapt_state``: the fields of NumPyro's ``HMCAdaptState`` that have a meaning here."""
+
+    step_size: Any
+    inverse_mass_matrix: Any
+
+
+def _per_chain(state, value):
+    """An engine-wide value (one for all vectorized chains) with the state's chain axis, as NumPyro's
+    vectorized ``HMCState`` fields have it; a single chain's as it is."""
+    batch = jnp.shape(state.i)
+    return jnp.broadcast_to(value, batch + jnp.shape(value)) if batch else value
+
+
+def _engine_chains(state, tree):
+    """A chain-batched engine field for the state's chains (a single chain's engine keeps an axis of 1)."""
+    return tree if jnp.ndim(state.i) else jax.tree.map(lambda x: x[0], tree)
+
+
+def _adapt_state(state):
+    return AdaptState(state.step_size, _per_chain(state, state.engine.inverse_mass_matrix))
+
+
+def _z_grad(state):
+    return jax.tree.map(jnp.negative, _engine_chains(state, state.engine.logdensity_grad))
+
+
+def _trajectory_length(state):
+    return state.step_size * state.num_steps
 
 
 class AdaptiveHMC(MCMCKernel):
@@ -175,7 +215,7 @@ class AdaptiveHMC(MCMCKernel):
 
     def get_diagnostics_str(self, state):
         return "{} steps of size {:.2e} (L={}). acc. prob={:.2f}".format(
-            int(state.num_steps), float(state.step_size), int(state.max_steps), float(state.accept_prob)
+            int(state.num_steps), float(state.step_size), int(state.max_steps), float(state.mean_accept_prob)
         )
 
     def postprocess_fn(self, model_args, model_kwargs):
@@ -324,7 +364,8 @@ class AdaptiveHMC(MCMCKernel):
         nan = jnp.full(batch, jnp.nan, engine_state.logdensity.dtype)
         state = self._state_class(
             i=jnp.zeros(batch, jnp.int32), z=positions, potential_energy=-engine_state.logdensity, energy=nan,
-            num_steps=jnp.zeros(batch, jnp.int32), accept_prob=nan, diverging=jnp.zeros(batch, bool),
+            num_steps=jnp.zeros(batch, jnp.int32), accept_prob=nan,
+            mean_accept_prob=jnp.zeros(batch, engine_state.logdensity.dtype), diverging=jnp.zeros(batch, bool),
             step_size=nan, max_steps=jnp.zeros(batch, jnp.int32), reward=nan,
             tuning_round=jnp.zeros(batch, jnp.int32), arm_changed=jnp.zeros(batch, bool),
             adapt_probability=jnp.ones(batch, engine_state.logdensity.dtype),
@@ -351,7 +392,8 @@ class AdaptiveHMC(MCMCKernel):
         new = self._state_class(
             i=(state.i + 1) if self._vectorized else (state.i + 1)[None], z=engine_state.position,
             potential_energy=-info.logdensity, energy=info.energy, num_steps=info.num_integration_steps,
-            accept_prob=info.acceptance_rate, diverging=info.is_divergent, step_size=info.step_size,
+            accept_prob=info.acceptance_rate, mean_accept_prob=self._mean_accept_prob(state, info),
+            diverging=info.is_divergent, step_size=info.step_size,
             max_steps=info.num_steps, reward=info.reward, tuning_round=info.round, arm_changed=info.arm_changed,
             adapt_probability=info.adapt_probability, restarted=info.restarted, retried=info.retried,
             engine=engine_state,
@@ -362,6 +404,14 @@ class AdaptiveHMC(MCMCKernel):
 
     def sample(self, state, model_args, model_kwargs):
         return self._sample_fn(state, model_args, model_kwargs)
+
+    def _mean_accept_prob(self, state, info):
+        """NumPyro's running mean of the acceptance probability, restarted when the draws begin."""
+        i = state.i if self._vectorized else state.i[None]
+        count = jnp.where(i < self._num_warmup, i + 1, i + 1 - self._num_warmup).astype(info.acceptance_rate.dtype)
+        accept = jnp.nan_to_num(info.acceptance_rate, nan=0.0)
+        previous = state.mean_accept_prob if self._vectorized else state.mean_accept_prob[None]
+        return previous + (accept - previous) / count
 
 
 def tuning_snapshot(mcmc):
@@ -406,6 +456,7 @@ class AdaptiveRMHMCState(NamedTuple):
     energy: Any
     num_steps: Any
     accept_prob: Any
+    mean_accept_prob: Any
     diverging: Any
     step_size: Any
     max_steps: Any
@@ -419,6 +470,12 @@ class AdaptiveRMHMCState(NamedTuple):
     rng_key: Any
     fixed_point_converged: Any
     num_gradient_evals: Any
+
+
+for _state in (AdaptiveHMCState, AdaptiveRMHMCState):  # NumPyro's HMCState names, read from the fields
+    _state.adapt_state = property(_adapt_state, doc="NumPyro's ``adapt_state``: :class:`AdaptState`.")
+    _state.z_grad = property(_z_grad, doc="Gradient of the potential energy at ``z``.")
+    _state.trajectory_length = property(_trajectory_length, doc="``step_size * num_steps``.")
 
 
 class AdaptiveRMHMC(AdaptiveHMC):

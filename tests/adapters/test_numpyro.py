@@ -236,6 +236,36 @@ def test_stats_summary_and_arviz_datatree(capsys):
     assert tree["posterior"]["mu"].shape == (2, 100)
 
 
+@pytest.mark.parametrize("num_chains, chain_method", [(3, "vectorized"), (1, "sequential")])
+def test_nuts_field_names_mean_what_they_mean_in_numpyro(x64, num_chains, chain_method):
+    """A NUTS user's ``extra_fields`` work: ``adapt_state.step_size`` and ``.inverse_mass_matrix``,
+    ``mean_accept_prob`` (the running mean of ``accept_prob``, restarted when the draws begin), ``z_grad``
+    (the potential's gradient at ``z``) and ``trajectory_length``, each checked against what it means."""
+    scales = jnp.array([0.5, 1.0, 3.0])
+
+    def potential(z):
+        return 0.5 * jnp.sum((z / scales) ** 2)
+
+    init = jnp.tile(jnp.array([0.3, -0.2, 1.0]), (num_chains, 1)) if num_chains > 1 else jnp.array([0.3, -0.2, 1.0])
+    mcmc = MCMC(AdaptiveHMC(potential_fn=potential), num_warmup=200, num_samples=150, num_chains=num_chains,
+                chain_method=chain_method, progress_bar=False)
+    mcmc.run(jax.random.key(3), init_params=init, extra_fields=(
+        "adapt_state.step_size", "adapt_state.inverse_mass_matrix", "mean_accept_prob", "z_grad",
+        "trajectory_length", "accept_prob"))
+    fields = {name: np.asarray(value) for name, value in mcmc.get_extra_fields(group_by_chain=True).items()}
+    z = np.asarray(mcmc.get_samples(group_by_chain=True))
+    metric = np.asarray(mcmc.last_state.engine.inverse_mass_matrix)  # one for all chains: (3, 3) low-rank
+    assert metric.shape == (3, 3)
+    assert fields["adapt_state.inverse_mass_matrix"].shape == (num_chains, 150, 3, 3)
+    np.testing.assert_array_equal(fields["adapt_state.inverse_mass_matrix"][:, -1],
+                                  np.broadcast_to(metric, (num_chains, 3, 3)))
+    np.testing.assert_array_equal(fields["adapt_state.step_size"], fields["step_size"])
+    np.testing.assert_allclose(fields["trajectory_length"], fields["step_size"] * fields["num_steps"])
+    np.testing.assert_allclose(fields["z_grad"], z / np.asarray(scales) ** 2, rtol=1e-10)
+    running = np.cumsum(fields["accept_prob"], axis=1) / np.arange(1, 151)  # the draws' phase from its start
+    np.testing.assert_allclose(fields["mean_accept_prob"], running, rtol=1e-10)
+
+
 def test_diagnostics_string():
     kernel = AdaptiveHMC(normal_model)
     mcmc = run(kernel, DATA, num_chains=1, warmup=50, samples=10)
