@@ -70,7 +70,7 @@ def build_engine(
     warmup_integration_time: float = _DEFAULT.warmup.warmup_integration_time,
     num_steps_cap: int = _DEFAULT.box.num_steps_cap,
     num_step_sizes: int = _DEFAULT.box.num_step_sizes, num_num_steps: int = _DEFAULT.box.num_num_steps,
-    log_step_size: bool = _DEFAULT.box.log_step_size,
+    log_step_size: bool = _DEFAULT.box.log_step_size, log_num_steps: bool = _DEFAULT.box.log_num_steps,
     target_acceptance_rate: float = _DEFAULT.warmup.target_acceptance_rate,
     initial_step_size: float | None = _DEFAULT.warmup.initial_step_size,
     objective: str | Callable | None = _DEFAULT.reward.objective,
@@ -134,7 +134,8 @@ def build_engine(
         max_integration_time=float(max_integration_time), num_steps_cap=int(num_steps_cap),
         warmup_integration_time=float(warmup_integration_time), target_acceptance_rate=float(target_acceptance_rate),
         objective=objective_fn, freeze_after=plan.freeze_rounds, restart_lost_chains=bool(restart_lost_chains),
-        min_steps_fraction=min_steps_fraction, jump_estimate=jump_estimate)
+        min_steps_fraction=min_steps_fraction, jump_estimate=jump_estimate,
+        log_num_steps=bool(log_num_steps) and auto_box and num_steps_bounds is None)
     chain_kernel = build_chain_kernel(
         logdensity_fn, kernel=kernel, integrator=integrator, divergence_threshold=divergence_threshold,
         min_steps_fraction=min_steps_fraction, shared_num_steps=shared_num_steps,

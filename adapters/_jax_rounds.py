@@ -22,7 +22,7 @@ from jax.flatten_util import ravel_pytree
 
 from ahmc.core import RoundStats
 from ahmc.core.objectives import NONFINITE_REWARD_MESSAGE, round_init, round_update
-from ahmc.core.space import min_num_steps
+from ahmc.core.space import grid_num_steps, min_num_steps
 
 from ._jax_kernel import step_bin_widths
 from ._jax_types import EngineState
@@ -90,8 +90,10 @@ def _flat(positions):
     return jax.vmap(lambda p: ravel_pytree(p)[0])(positions)
 
 
-def _build_arms(space, *, pooled: bool, log_grid: bool, min_steps_fraction: float, super_transitions):
-    """``(arm, chain_arms, length)`` of :class:`Rounds` for the tuner's grid ``space``."""
+def _build_arms(space, *, pooled: bool, log_grid: bool, log_num_steps: bool, min_steps_fraction: float,
+                super_transitions):
+    """``(arm, chain_arms, length)`` of :class:`Rounds` for the tuner's grid ``space`` (``log_num_steps``: the
+    ``L`` columns evenly spaced in ``log L``, :func:`ahmc.core.space.grid_num_steps`)."""
     unit_eps, unit_l, num_l_grid = jnp.asarray(space.step_size_unit), jnp.asarray(space.num_steps_unit), space.shape[1]
 
     def arm(tuner_state, box):
@@ -103,8 +105,7 @@ def _build_arms(space, *, pooled: bool, log_grid: bool, min_steps_fraction: floa
         else:
             eps = lo + u_eps * (hi - lo)
         l_lo, l_hi = box.num_steps[0], box.num_steps[1]
-        steps = jnp.round(l_lo + u_l * (l_hi - l_lo)).astype(jnp.int32)
-        return eps, jnp.maximum(steps, 1)
+        return eps, grid_num_steps(u_l.astype(eps.dtype), l_lo, l_hi, log=log_num_steps, xp=jnp)
 
     def chain_arms(tuner_state, box, num_chains):
         if pooled:
@@ -268,10 +269,10 @@ def tuner_solves(tuner, *, on_host: bool):
 def build_rounds(tuner, *, pooled: bool, log_grid: bool, by_trajectory: bool, num_step_values: int,
                  min_steps_fraction: float, objective_fn: Callable, round_end_fn: Callable | None,
                  exploit_after_warmup: bool, num_warmup_rounds: int, super_transitions: int | None,
-                 host_solves: bool = False) -> Rounds:
+                 host_solves: bool = False, log_num_steps: bool = False) -> Rounds:
     """The rounds of ``tuner`` (:func:`ahmc.core.gp_ucb`) over a box whose ``eps`` grid is log-spaced if
     ``log_grid``; ``host_solves``: a pooled tuner's linear algebra in NumPy on the host (:func:`tuner_solves`)."""
-    arm, chain_arms, length = _build_arms(tuner.space, pooled=pooled, log_grid=log_grid,
+    arm, chain_arms, length = _build_arms(tuner.space, pooled=pooled, log_grid=log_grid, log_num_steps=log_num_steps,
                                           min_steps_fraction=min_steps_fraction, super_transitions=super_transitions)
     fresh, made_jumps, add, chain_rewards = _build_sums(by_trajectory=by_trajectory, num_step_values=num_step_values,
                                                         min_steps_fraction=min_steps_fraction, objective_fn=objective_fn)

@@ -96,6 +96,7 @@ def _rounds(tuner, space, box0, config, plan, **options):
     by_trajectory = config.jump_estimate == "trajectory"
     return build_rounds(
         tuner, pooled=config.pooled, log_grid=space.log_step_size or config.auto_box, by_trajectory=by_trajectory,
+        log_num_steps=config.log_num_steps,
         num_step_values=min(int(box0[1][1]), MAX_STEP_BINS) if by_trajectory else 0,
         min_steps_fraction=config.min_steps_fraction, objective_fn=config.objective,
         num_warmup_rounds=plan.num_warmup_rounds, **options)

@@ -132,6 +132,7 @@ class EngineConfig(NamedTuple):
     restart_lost_chains: bool
     min_steps_fraction: float = 0.0
     jump_estimate: str = "transition"
+    log_num_steps: bool = False  # the automatic box's L columns are log-spaced (an automatic L range only)
 
 
 class Engine(NamedTuple):

@@ -332,6 +332,7 @@ def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> 
         step_size=step_size.tolist(), num_steps=num_steps.astype(int).tolist(),
         num_step_sizes=int(get("num_step_sizes")),
         num_num_steps=int(space.shape[1]) if engine.config.auto_box else None,
+        log_num_steps=bool(engine.config.log_num_steps),
         log_step_size=bool(space.log_step_size or engine.config.auto_box),
         initial_arm=int(engine.tuner.init().arm),
         capacity=int(get("capacity")), lengthscale=float(get("lengthscale")),

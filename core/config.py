@@ -97,6 +97,9 @@ class SearchBoxConfig:
     num_step_sizes: int = _option(100, "Step sizes on the grid.")
     num_num_steps: int = _option(32, "Values of `L` on the automatic box's grid (every integer of a given box).")
     log_step_size: bool = _option(True, "Log-spaced step sizes (`False`: linear, the paper's).")
+    log_num_steps: bool = _option(
+        True, "The automatic box's `num_num_steps` values of `L`, log-spaced from 1 to its top (`False`: "
+              "evenly spaced). A given `num_steps_bounds` has every integer.")
     min_steps_fraction: float = _option(
         0.0, "Each iteration draws its leapfrog steps from `{max(1, ceil(f L))..L}`; 0 is the paper's `{1..L}`. "
              "0.5 helps means and hurts variances.")

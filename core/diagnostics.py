@@ -35,7 +35,7 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-from .space import SearchSpace, search_space
+from .space import SearchSpace, grid_num_steps, search_space, unit_of_num_steps
 from .tuner import SCHEDULES, Surrogate, gp_ucb
 
 __all__ = [
@@ -89,7 +89,8 @@ class TuningConfig(NamedTuple):
     rounds used, or one pair per tuner (e.g. independent chains with automatic
     boxes).  The grid has ``num_step_sizes`` step sizes (log-spaced if
     ``log_step_size``) and ``num_num_steps`` values of ``L``, ``L = round(lo +
-    u (hi - lo))`` on ``u`` in ``linspace(0, 1, num_num_steps)``; ``None`` means
+    u (hi - lo))`` on ``u`` in ``linspace(0, 1, num_num_steps)``, or ``round(lo (hi /
+    lo) ** u)`` if ``log_num_steps`` (:func:`~ahmc.core.space.grid_num_steps`); ``None`` means
     every integer of the box.  ``initial_arm`` is the flat grid index of the
     first arm; ``k=None`` is inferred from the recorded ``p_i``; ``pooled=None``
     from whether the chains share their arms.  Defaults are those of
@@ -102,6 +103,7 @@ class TuningConfig(NamedTuple):
     num_step_sizes: int = _CORE_DEFAULTS["num_step_sizes"]
     num_num_steps: int | None = None
     log_step_size: bool = _CORE_DEFAULTS["log_step_size"]
+    log_num_steps: bool = False  # runs recorded before 2026-12-06 spaced L evenly (their JSON lacks the key)
     initial_arm: int | None = None
     capacity: int = _CORE_DEFAULTS["capacity"]
     lengthscale: float = _CORE_DEFAULTS["lengthscale"]
@@ -445,6 +447,7 @@ class _Grid(NamedTuple):
     num_steps: np.ndarray       # (H,) the L each grid column runs
     step_size_box: tuple
     num_steps_box: tuple
+    log_num_steps: bool         # the L columns are log-spaced (grid_num_steps)
 
 
 def _pair(value, tuner: int) -> tuple:
@@ -462,8 +465,12 @@ def _grid(config: TuningConfig, tuner: int) -> _Grid:
     columns = int(config.num_num_steps) if config.num_num_steps else l_hi - l_lo + 1
     space = search_space(eps_box, (1, columns), num_step_sizes=int(config.num_step_sizes),
                          log_step_size=bool(config.log_step_size))
-    steps = np.maximum(np.round(l_lo + space.num_steps_unit * (l_hi - l_lo)), 1).astype(np.int64)
-    return _Grid(space, space.step_sizes, steps, eps_box, (l_lo, l_hi))
+    steps = grid_num_steps(space.num_steps_unit, l_lo, l_hi, log=_log_columns(config))
+    return _Grid(space, space.step_sizes, steps, eps_box, (l_lo, l_hi), _log_columns(config))
+
+
+def _log_columns(config: TuningConfig) -> bool:
+    return bool(config.num_num_steps) and bool(config.log_num_steps)
 
 
 def arm_parameters(config, arm, *, tuner: int = 0) -> tuple[float, int]:
@@ -479,7 +486,7 @@ def _candidates_matching(grid: _Grid, step_size: float, num_steps: int) -> tuple
     row = int(np.argmin(np.abs(scale(grid.step_sizes) - scale(step_size))))
     num_l = len(grid.num_steps)
     lo, hi = grid.num_steps_box
-    unit = (num_steps - lo) / (hi - lo) if hi > lo else 0.0
+    unit = unit_of_num_steps(num_steps, lo, hi, log=grid.log_num_steps)
     column = int(np.argmin(np.abs(grid.space.num_steps_unit - unit)))
     matching = [row * num_l + j for j in np.flatnonzero(grid.num_steps == num_steps)]
     return matching, row * num_l + column

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["NUM_STEPS_CAP", "RMHMC_NUM_STEPS_CAP", "WARMUP_MAX_STEPS", "SearchSpace", "check_min_steps_fraction",
-           "min_num_steps", "search_space"]
+           "grid_num_steps", "min_num_steps", "search_space", "unit_of_num_steps"]
 
 # Default upper end of the automatic box's L (``num_steps_cap``): the longest trajectory NUTS takes by
 # default (tree depth 10, 1023 steps).  With the box at ``L <= ceil(4 pi / eps*)`` it binds only where
@@ -110,6 +110,33 @@ def min_num_steps(max_num_steps, fraction: float, xp=np):
     """
     lowest = xp.ceil(fraction * max_num_steps - 1e-9)
     return xp.maximum(lowest, 1).astype(xp.asarray(max_num_steps).dtype)
+
+
+def grid_num_steps(unit, lo, hi, *, log: bool, xp=np):
+    """The ``L`` a grid column of unit coordinate ``unit`` runs in the box ``[lo, hi]`` of an automatic box,
+    whose grid has a fixed number of columns whatever ``hi`` turns out to be.
+
+    ``log=False``: ``round(lo + unit (hi - lo))``, evenly spaced.  ``log=True``: evenly spaced in ``log L``,
+    ``round(lo (hi / lo) ** unit)``: the columns resolve short trajectories (``L`` of 1 to 5, where the
+    reward changes fastest on a cheap model) as finely as long ones relative to their length, instead of
+    one column per ``(hi - lo) / (columns - 1)`` steps (docs/decisions.md, "Log-spaced `L`").  ``lo``,
+    ``hi`` may be traced (``xp = jax.numpy``); the result is an integer array, at least 1."""
+    if log:
+        dtype = xp.asarray(unit).dtype if xp.issubdtype(xp.asarray(unit).dtype, xp.floating) else xp.float64
+        low, high = xp.asarray(lo).astype(dtype), xp.asarray(hi).astype(dtype)
+        steps = xp.round(xp.exp(xp.log(low) + unit * (xp.log(high) - xp.log(low))))
+    else:
+        steps = xp.round(lo + unit * (hi - lo))
+    return xp.maximum(steps, 1).astype(xp.int32 if xp is not np else np.int64)
+
+
+def unit_of_num_steps(num_steps, lo, hi, *, log: bool) -> float:
+    """The unit coordinate at which :func:`grid_num_steps` runs ``num_steps`` (before rounding)."""
+    if hi <= lo:
+        return 0.0
+    if log:
+        return math.log(max(num_steps, 1) / lo) / math.log(hi / lo)
+    return (num_steps - lo) / (hi - lo)
 
 
 def _check_bounds(name: str, bounds, *, integer: bool) -> tuple[float, float]:

@@ -380,6 +380,7 @@ _PYMC_OPTIONS = ("step_size_bounds", "num_steps_bounds", "round_length", "object
 
 # Config options of the JAX routes only: refused here rather than ignored.
 _JAX_ONLY = {"num_num_steps": "the PyMC step's automatic box has every integer L",
+             "log_num_steps": "the PyMC step's automatic box has every integer L",
              "restart_lost_chains": "PyMC runs each chain apart, so no chain can be restarted from another"}
 
 

@@ -26,7 +26,7 @@ from ahmc.adapters.blackjax import (  # noqa: E402
     run_chains,
     uniform_steps_hmc,
 )
-from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
+from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS, grid_num_steps  # noqa: E402
 
 from ..reference import assert_moments_match, assert_reference_match, load_reference, time_major  # noqa: E402
 
@@ -407,6 +407,9 @@ def test_automatic_box_reaches_long_trajectories():
     assert l_hi == min(math.ceil(4 * math.pi / eps_star), NUM_STEPS_CAP) and l_hi > 256
     metric_phase = np.asarray(info.info.num_steps)[:150]
     assert metric_phase.max() <= WARMUP_MAX_STEPS
+    # the GP's arms are the box's log-spaced columns of L (1, 2, 3, ... as well as the longest)
+    columns = set(grid_num_steps(np.linspace(0.0, 1.0, 32), 1, int(l_hi), log=True).tolist())
+    assert set(np.unique(np.asarray(info.info.num_steps)[150:]).tolist()) <= columns and {1, 2, 3} <= columns
 
 
 def test_num_steps_bounds_alone_keeps_the_automatic_step_size_box():

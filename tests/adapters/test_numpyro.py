@@ -110,9 +110,9 @@ def test_upper_half_jitter_agrees_with_the_truth(x64):
     def potential(z):
         return 0.5 * jnp.sum((z / scales) ** 2)
 
-    # Seed 8 settles on L = 3 (with L = 2 the two jitters coincide and the range check below is vacuous).
-    mcmc = run(AdaptiveHMC(potential_fn=potential, min_steps_fraction=0.5), seed=8, warmup=1000, samples=1000,
-               init_params=jnp.tile(scales * 0.5, (4, 1)))
+    # L of 3 to 6 (with L <= 2 the two jitters coincide and the range check below would be vacuous)
+    mcmc = run(AdaptiveHMC(potential_fn=potential, min_steps_fraction=0.5, num_steps_bounds=(3, 6)), seed=8,
+               warmup=1000, samples=1000, init_params=jnp.tile(scales * 0.5, (4, 1)))
     assert_moments_match(np.asarray(mcmc.get_samples(group_by_chain=True)), np.zeros(5), np.asarray(scales))
     extra = mcmc.get_extra_fields()
     first_try = ~np.asarray(extra["retried"])  # a retry takes (divergence_retry + 2) x the first try's steps

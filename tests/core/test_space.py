@@ -75,3 +75,23 @@ def test_bad_min_steps_fraction_names_the_argument(value):
     with pytest.raises(ValueError, match=r"min_steps_fraction must be a number in \[0, 1\]"):
         check_min_steps_fraction(value)
     assert check_min_steps_fraction(np.float32(0.5)) == 0.5
+
+
+def test_automatic_box_columns_of_l_log_spaced_or_even():
+    """The automatic box's fixed number of ``L`` columns: log-spaced, they run every L of 1-4 (where a cheap
+    model's best arm lies) whatever the box's top; evenly spaced, the old mapping; the inverse finds a column."""
+    from ahmc.core.space import grid_num_steps, unit_of_num_steps
+
+    unit = np.linspace(0.0, 1.0, 32)
+    for top in (13, 200, 1024):
+        log_l = grid_num_steps(unit, 1, top, log=True)
+        assert log_l[0] == 1 and log_l[-1] == top and np.all(np.diff(log_l) >= 0)
+        assert {1, 2, 3, 4} <= set(log_l.tolist())
+        even = grid_num_steps(unit, 1, top, log=False)
+        np.testing.assert_array_equal(even, np.maximum(np.round(1 + unit * (top - 1)), 1))
+        for num_steps in (1, 2, 7, top):
+            for log in (True, False):
+                column = int(np.argmin(np.abs(unit - unit_of_num_steps(num_steps, 1, top, log=log))))
+                values = grid_num_steps(unit, 1, top, log=log)
+                assert abs(int(values[column]) - num_steps) <= max(1, 0.12 * num_steps) * (1 if log else top / 31)
+    assert {2, 3} & set(grid_num_steps(unit, 1, 1024, log=False).tolist()) == set()  # even columns skip them
