@@ -126,7 +126,6 @@ def build_engine(
                       noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, decay=decay)
     tuner_prior = _tuner_prior(tuner, warm_start, warm_start_weight)
     min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
-    by_trajectory = jump_estimate == "trajectory"
     config = EngineConfig(
         num_warmup=int(num_warmup), metric_phase_length=plan.metric_phase_length, round_length=int(round_length),
         num_warmup_rounds=plan.num_warmup_rounds, k=plan.k, pooled=bool(pooled),
@@ -139,7 +138,7 @@ def build_engine(
     chain_kernel = build_chain_kernel(
         logdensity_fn, kernel=kernel, integrator=integrator, divergence_threshold=divergence_threshold,
         min_steps_fraction=min_steps_fraction, shared_num_steps=shared_num_steps,
-        sequential_chains=sequential_chains, by_trajectory=by_trajectory, retry_factor=divergence_retry)
+        sequential_chains=sequential_chains, by_trajectory=jump_estimate == "trajectory", retry_factor=divergence_retry)
     warmup = _warmup_of(config, plan, recipe=recipe, use_center=use_center, compare_chains=chain_data is None,
                         user_num_steps=num_steps_bounds is not None, super_transitions=super_transitions)
     rounds = _rounds(tuner, space, box0, config, plan, round_end_fn=round_end_fn, super_transitions=super_transitions,

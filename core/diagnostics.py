@@ -465,12 +465,9 @@ def _grid(config: TuningConfig, tuner: int) -> _Grid:
     columns = int(config.num_num_steps) if config.num_num_steps else l_hi - l_lo + 1
     space = search_space(eps_box, (1, columns), num_step_sizes=int(config.num_step_sizes),
                          log_step_size=bool(config.log_step_size))
-    steps = grid_num_steps(space.num_steps_unit, l_lo, l_hi, log=_log_columns(config))
-    return _Grid(space, space.step_sizes, steps, eps_box, (l_lo, l_hi), _log_columns(config))
-
-
-def _log_columns(config: TuningConfig) -> bool:
-    return bool(config.num_num_steps) and bool(config.log_num_steps)
+    log_columns = bool(config.num_num_steps) and bool(config.log_num_steps)  # an automatic box's columns
+    steps = grid_num_steps(space.num_steps_unit, l_lo, l_hi, log=log_columns)
+    return _Grid(space, space.step_sizes, steps, eps_box, (l_lo, l_hi), log_columns)
 
 
 def arm_parameters(config, arm, *, tuner: int = 0) -> tuple[float, int]:

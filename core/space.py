@@ -122,8 +122,8 @@ def grid_num_steps(unit, lo, hi, *, log: bool, xp=np):
     one column per ``(hi - lo) / (columns - 1)`` steps (docs/decisions.md, "Log-spaced `L`").  ``lo``,
     ``hi`` may be traced (``xp = jax.numpy``); the result is an integer array, at least 1."""
     if log:
-        dtype = xp.asarray(unit).dtype if xp.issubdtype(xp.asarray(unit).dtype, xp.floating) else xp.float64
-        low, high = xp.asarray(lo).astype(dtype), xp.asarray(hi).astype(dtype)
+        unit = xp.asarray(unit)  # floating: the grid's unit coordinates
+        low, high = xp.asarray(lo).astype(unit.dtype), xp.asarray(hi).astype(unit.dtype)
         steps = xp.round(xp.exp(xp.log(low) + unit * (xp.log(high) - xp.log(low))))
     else:
         steps = xp.round(lo + unit * (hi - lo))
