@@ -15,7 +15,8 @@ surrogate also needs a :class:`~ahmc.core.diagnostics.TuningConfig`: from the
 ``sample_stats`` or ``warmup_sample_stats``); per-draw stats of the box, when
 present, give each chain's search box (at its last draw): ``step_size_bounds``
 / ``num_steps_bounds`` (last axis ``(lo, hi)``) or, as the PyMC step records
-them, ``step_size_min``, ``step_size_max``, ``max_steps_min``, ``max_steps_max``.
+them, ``step_size_min``, ``step_size_max``, ``max_steps_min``, ``max_steps_max`` (and the grid's
+``L`` columns, ``num_num_steps`` and ``log_num_steps``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ PYMC_HMC_DEFAULTS = {**ADAPTER_DEFAULTS, "noise_variance": GPConfig().resolved_n
 RMHMC_STAT = "fixed_point_converged"
 # Options of the JAX RMHMC transition (ahmc.adapters._jax_rmhmc.build_rmhmc_engine), not of the tuner.
 RMHMC_OPTIONS = ("metric", "softabs_alpha", "fixed_point_tolerance", "max_fixed_point_iterations", "integrator")
+# The PyMC step's L columns (since 2026-12-06; older trees have every integer of the box).
+COLUMN_STATS = ("num_num_steps", "log_num_steps")
 SCALAR_BOX_STATS = {"step_size": ("step_size_min", "step_size_max"), "num_steps": ("max_steps_min", "max_steps_max")}
 
 
@@ -87,6 +90,7 @@ def _with_box(config, stats: dict):
             stats[f"{field}_pair"] = np.stack([stats.pop(low), stats.pop(high)], axis=-1)
     names = {**BOX_STATS, **{f"{field}_pair": field for field in SCALAR_BOX_STATS}}
     boxes = {field: stats.pop(name) for name, field in names.items() if name in stats}
+    columns = {name: stats.pop(name) for name in COLUMN_STATS if name in stats}  # PyMC: the box's L columns
     base = TuningConfig.parse(config)
     if not boxes or (base is not None and base.step_size is not None and base.num_steps is not None):
         return base
@@ -96,6 +100,9 @@ def _with_box(config, stats: dict):
     for field, values in boxes.items():  # (chains, draws, 2): each chain's box at its last draw
         last = np.asarray(values)[:, -1, :].astype(float if field == "step_size" else int)
         box[field] = last[0].tolist() if np.all(last == last[0]) else last.tolist()
+    for name, values in columns.items():  # one setting for the whole run: chain 0's last draw
+        value = np.asarray(values)[0, -1]
+        box[name] = (int(value) or None) if name == "num_num_steps" else bool(value)
     if base is not None:
         return base._replace(**box)
     # No recorded config: the defaults of the adapter that made the tree.

@@ -35,7 +35,7 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-from .space import SearchSpace, grid_num_steps, search_space, unit_of_num_steps
+from .space import SearchSpace, search_space, unit_of_num_steps
 from .tuner import SCHEDULES, Surrogate, gp_ucb
 
 __all__ = [
@@ -462,12 +462,11 @@ def _pair(value, tuner: int) -> tuple:
 def _grid(config: TuningConfig, tuner: int) -> _Grid:
     eps_box = _pair(config.step_size, tuner)
     l_lo, l_hi = (int(round(v)) for v in _pair(config.num_steps, tuner))
-    columns = int(config.num_num_steps) if config.num_num_steps else l_hi - l_lo + 1
-    space = search_space(eps_box, (1, columns), num_step_sizes=int(config.num_step_sizes),
-                         log_step_size=bool(config.log_step_size))
-    log_columns = bool(config.num_num_steps) and bool(config.log_num_steps)  # an automatic box's columns
-    steps = grid_num_steps(space.num_steps_unit, l_lo, l_hi, log=log_columns)
-    return _Grid(space, space.step_sizes, steps, eps_box, (l_lo, l_hi), log_columns)
+    columns = int(config.num_num_steps) if config.num_num_steps else None
+    log_columns = bool(columns) and bool(config.log_num_steps)  # an automatic box's columns
+    space = search_space(eps_box, (l_lo, l_hi), num_step_sizes=int(config.num_step_sizes),
+                         log_step_size=bool(config.log_step_size), num_num_steps=columns, log_num_steps=log_columns)
+    return _Grid(space, space.step_sizes, space.num_steps, eps_box, (l_lo, l_hi), log_columns)
 
 
 def arm_parameters(config, arm, *, tuner: int = 0) -> tuple[float, int]:
@@ -478,15 +477,18 @@ def arm_parameters(config, arm, *, tuner: int = 0) -> tuple[float, int]:
 
 
 def _candidates_matching(grid: _Grid, step_size: float, num_steps: int) -> tuple[list, int]:
-    """Grid arms that run ``(step_size, num_steps)`` and the nearest grid arm."""
+    """Grid arms that run ``(step_size, num_steps)`` and the nearest grid arm: the first of the matching
+    ones, as :meth:`~ahmc.core.space.SearchSpace.arm_index` picks a first arm where columns repeat an ``L``."""
     scale = np.log if grid.space.log_step_size else (lambda v: v)
     row = int(np.argmin(np.abs(scale(grid.step_sizes) - scale(step_size))))
     num_l = len(grid.num_steps)
-    lo, hi = grid.num_steps_box
-    unit = unit_of_num_steps(num_steps, lo, hi, log=grid.log_num_steps)
-    column = int(np.argmin(np.abs(grid.space.num_steps_unit - unit)))
-    matching = [row * num_l + j for j in np.flatnonzero(grid.num_steps == num_steps)]
-    return matching, row * num_l + column
+    columns = np.flatnonzero(grid.num_steps == num_steps)
+    if len(columns):
+        column = int(columns[0])
+    else:
+        unit = unit_of_num_steps(num_steps, *grid.num_steps_box, log=grid.log_num_steps)
+        column = int(np.argmin(np.abs(grid.space.num_steps_unit - unit)))
+    return [row * num_l + int(j) for j in columns], row * num_l + column
 
 
 def _config(history: TuningHistory, config) -> TuningConfig:

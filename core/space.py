@@ -45,7 +45,8 @@ class SearchSpace(NamedTuple):
     step_sizes : ndarray, shape (G,), float64
         Candidate step sizes, increasing.
     num_steps : ndarray, shape (H,), int32
-        Candidate maximum numbers of leapfrog steps: every integer in the box.
+        Candidate maximum numbers of leapfrog steps: every integer in the box,
+        or an automatic box's ``num_num_steps`` columns.
     step_size_unit : ndarray, shape (G,), float64
         Step-size coordinate of each candidate in [0, 1] (0 when G == 1).
     num_steps_unit : ndarray, shape (H,), float64
@@ -162,6 +163,8 @@ def search_space(
     *,
     num_step_sizes: int = 200,
     log_step_size: bool = True,
+    num_num_steps: int | None = None,
+    log_num_steps: bool = False,
 ) -> SearchSpace:
     """Build the grid of arms over a box of step sizes and leapfrog counts.
 
@@ -178,6 +181,11 @@ def search_space(
         grid"); ignored when the bounds are equal.
     log_step_size
         Space the step sizes evenly in ``log`` (default) or linearly (paper).
+    num_num_steps, log_num_steps
+        An automatic box's ``L`` axis: ``num_num_steps`` columns at unit
+        coordinates ``linspace(0, 1, num_num_steps)``, each running
+        :func:`grid_num_steps` (log-spaced if ``log_num_steps``; neighbouring
+        columns may run the same ``L``).  ``None`` (default): every integer.
 
     Examples
     --------
@@ -200,12 +208,19 @@ def search_space(
     else:
         eps = np.linspace(eps_lo, eps_hi, num_eps)
     eps[0], eps[-1] = eps_lo, eps_hi  # exact end points despite exp/log rounding
-    steps = np.arange(int(l_lo), int(l_hi) + 1, dtype=np.int32)
+    if num_num_steps:
+        if not isinstance(num_num_steps, (int, np.integer)) or num_num_steps < 1:
+            raise ValueError(f"num_num_steps must be a whole number > 0 (None: every integer); got {num_num_steps!r}.")
+        steps_unit = _unit(int(num_num_steps))
+        steps = grid_num_steps(steps_unit, int(l_lo), int(l_hi), log=bool(log_num_steps)).astype(np.int32)
+    else:
+        steps = np.arange(int(l_lo), int(l_hi) + 1, dtype=np.int32)
+        steps_unit = _unit(len(steps))
     return SearchSpace(
         step_sizes=eps.astype(np.float64),
         num_steps=steps,
         step_size_unit=_unit(num_eps),
-        num_steps_unit=_unit(len(steps)),
+        num_steps_unit=steps_unit,
         log_step_size=bool(log_step_size),
     )
 

@@ -86,6 +86,9 @@ STATS = (
     ("step_size_max", np.float64, [], "search box for eps: upper end (NaN in warm-up)"),
     ("max_steps_min", np.int64, [], "search box for L: lower end (0 in warm-up)"),
     ("max_steps_max", np.int64, [], "search box for L: upper end (0 in warm-up)"),
+    ("num_num_steps", np.int64, [], "values of L on the GP's grid: an automatic box's columns (0: every "
+                                    "integer of a given num_steps_bounds, and in warm-up)"),
+    ("log_num_steps", bool, [], "those columns are log-spaced (ahmc.core.space.grid_num_steps)"),
     ("dense_mass_matrix", bool, [], "the adapted mass matrix in force is dense (dense_mass=True after its first "
                                     "window, or 'auto' where the window kept the correlations)"),
     ("largest_eigval", np.float64, [], "PyMC potential stat"),
@@ -375,13 +378,11 @@ _PYMC_OPTIONS = ("step_size_bounds", "num_steps_bounds", "round_length", "object
                  "metric_fraction", "step_size_factors", "max_integration_time", "warmup_integration_time",
                  "num_steps_cap", "num_step_sizes", "exploit_after_warmup", "capacity", "lengthscale",
                  "noise_variance", "alpha", "delta", "min_steps_fraction", "dense_mass", "log_step_size",
-                 "warm_start_weight", "divergence_retry")
+                 "warm_start_weight", "divergence_retry", "num_num_steps", "log_num_steps")
 
 
 # Config options of the JAX routes only: refused here rather than ignored.
-_JAX_ONLY = {"num_num_steps": "the PyMC step's automatic box has every integer L",
-             "log_num_steps": "the PyMC step's automatic box has every integer L",
-             "restart_lost_chains": "PyMC runs each chain apart, so no chain can be restarted from another"}
+_JAX_ONLY = {"restart_lost_chains": "PyMC runs each chain apart, so no chain can be restarted from another"}
 
 
 def _pymc_tuning(tuning: dict, kwargs: dict, owner: str) -> tuple:
@@ -535,7 +536,8 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
          decay, freeze_after, adapt_mass_matrix, initial_step_size, metric_fraction, step_size_factors,
          max_integration_time, warmup_integration_time, num_steps_cap, num_step_sizes, exploit_after_warmup,
          capacity, lengthscale, noise_variance, alpha, delta, min_steps_fraction, dense_mass,
-         log_step_size, warm_start_weight, divergence_retry) = _pymc_tuning(tuning, kwargs, type(self).__name__)
+         log_step_size, warm_start_weight, divergence_retry, num_num_steps,
+         log_num_steps) = _pymc_tuning(tuning, kwargs, type(self).__name__)
         _check_step_options(type(self), kwargs)
         if not isinstance(pooled, (bool, np.bool_)):
             raise ValueError(f"pooled must be True or False; got {pooled!r}.")
@@ -572,7 +574,8 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
             raise ValueError(f"round_length must be a positive integer; got {round_length!r}.")
         if not (freeze_after is None or freeze_after in ("tune", "warmup") or (isinstance(freeze_after, int) and freeze_after >= 0)):
             raise ValueError(f"freeze_after must be None, 'tune' or an integer >= 0; got {freeze_after!r}.")
-        search_space(tuple(step_size_factors), (1, int(num_steps_cap)), num_step_sizes=num_step_sizes)
+        search_space(tuple(step_size_factors), (1, int(num_steps_cap)), num_step_sizes=num_step_sizes,
+                     num_num_steps=num_num_steps, log_num_steps=log_num_steps)
         for name, value in (("max_integration_time", max_integration_time),
                             ("warmup_integration_time", warmup_integration_time)):
             if not (math.isfinite(value) and value > 0):
@@ -592,6 +595,8 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         self._metric_fraction, self._exploit = float(metric_fraction), bool(exploit_after_warmup)
         self._step_size_factors, self._num_step_sizes = tuple(step_size_factors), int(num_step_sizes)
         self._log_step_size = bool(log_step_size)
+        # The automatic box's L columns, as in the JAX routes; a given num_steps_bounds has every integer.
+        self._l_columns = (None, False) if num_steps_bounds else (int(num_num_steps), bool(log_num_steps))
         self._max_time, self._warmup_time = float(max_integration_time), float(warmup_integration_time)
         self._num_steps_cap = int(num_steps_cap)
         self._warmup_max_steps = min(self._num_steps_cap, WARMUP_MAX_STEPS)  # the metric phase's L cap
@@ -671,7 +676,8 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         if self._tuner_cache[0] != key:
             eps_lo, eps_hi, l_lo, l_hi = self._search_box
             space = search_space((eps_lo, eps_hi), (int(l_lo), int(l_hi)), num_step_sizes=self._num_step_sizes,
-                                 log_step_size=self._log_step_size or self._step_size_bounds is None)
+                                 log_step_size=self._log_step_size or self._step_size_bounds is None,
+                                 num_num_steps=self._l_columns[0], log_num_steps=self._l_columns[1])
             self._tuner_cache = (key, gp_ucb(space, k=k, freeze_after=freeze, **self._tuner_options))
         return self._tuner_cache[1]
 
@@ -685,7 +691,8 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
             p = adapt_probability(i, schedule=self._tuner_options["schedule"], k=k, decay=self._tuner_options["decay"],
                                   xp=math) * (i < int(self._tuner_state.freeze_round))
             round_stats = {"tuning_round": i, "reward": np.nan, "arm_changed": False, "adapt_probability": p,
-                           **dict(zip(_BOX_STATS, self._search_box))}
+                           **dict(zip(_BOX_STATS, self._search_box)),
+                           "num_num_steps": self._l_columns[0] or 0, "log_num_steps": self._l_columns[1]}
             self._settings_cache = (self._tuner_state, (float(eps), int(num_steps), p, i, round_stats))
         return self._settings_cache[1]
 
@@ -1006,4 +1013,4 @@ _BOX_STATS = ("step_size_min", "step_size_max", "max_steps_min", "max_steps_max"
 
 
 _WARMUP_STATS = {"tuning_round": 0, "reward": np.nan, "arm_changed": False, "adapt_probability": np.nan,
-                 **dict(zip(_BOX_STATS, (np.nan, np.nan, 0, 0)))}
+                 **dict(zip(_BOX_STATS, (np.nan, np.nan, 0, 0))), "num_num_steps": 0, "log_num_steps": False}

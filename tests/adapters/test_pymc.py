@@ -12,7 +12,7 @@ pm = pytest.importorskip("pymc")
 from pymc.exceptions import SamplingError  # noqa: E402
 
 from ahmc.adapters.pymc import STATS, AdaptiveHMC, PooledAdaptiveHMC  # noqa: E402
-from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS  # noqa: E402
+from ahmc.core.space import NUM_STEPS_CAP, WARMUP_MAX_STEPS, grid_num_steps  # noqa: E402
 from tests.conventions.pymc_models import posteriordb_model  # noqa: E402
 from tests.reference import _mean_and_mcse, assert_moments_match, assert_reference_match, load_reference  # noqa: E402
 
@@ -338,11 +338,18 @@ def test_stats_declared_and_tuning_history_rebuilds():
         ends = np.flatnonzero(np.isfinite(reward[chain]))
         np.testing.assert_array_equal(ends, np.arange(num_warmup + round_length - 1, 500, round_length))
         np.testing.assert_array_equal(rounds[num_warmup:], 1 + np.arange(500 - num_warmup) // round_length)
-        # The arm only moves after a round's last iteration, and arm_changed says when.
+        # The arm only moves after a round's last iteration, and arm_changed says when (a move between two
+        # of the automatic box's columns that run the same L, or after the last iteration, does not show).
         arm = step_size[chain, num_warmup:], max_steps[chain, num_warmup:]
         moves = np.flatnonzero((np.diff(arm[0]) != 0) | (np.diff(arm[1]) != 0)) + num_warmup
-        # (a move after the last iteration is recorded but cannot show in the draws)
-        assert set(moves) <= set(ends) and set(moves) == set(np.flatnonzero(changed[chain][:-1]))
+        assert set(moves) <= set(np.flatnonzero(changed[chain][:-1])) <= set(ends)
+        assert len(moves) > 0
+    # The automatic box's L columns, as in the JAX routes: 32, log-spaced from 1 to the box's top.
+    assert np.all(stats["num_num_steps"].values == 32) and np.all(stats["log_num_steps"].values)
+    for chain in range(2):
+        top = int(stats["max_steps_max"].values[chain, -1])
+        columns = grid_num_steps(np.linspace(0.0, 1.0, 32), 1, top, log=True)
+        assert np.isin(stats["max_steps"].values[chain], columns).all()
     p_tune = warm["adapt_probability"].values[:, 150:]
     assert np.all(p_tune == 1.0) and np.all(stats["adapt_probability"].values[:, 10:] < 1.0)
     assert np.isnan(warm["adapt_probability"].values[:, :150]).all()
@@ -359,6 +366,7 @@ def test_num_steps_bounds_alone_fixes_l_and_keeps_the_automatic_step_sizes():
     idata = sample(gaussian_model(), step_kwargs=dict(num_steps_bounds=(2, 5)))
     stats = idata.sample_stats
     assert np.all(stats["max_steps_min"].values == 2) and np.all(stats["max_steps_max"].values == 5)
+    assert np.all(stats["num_num_steps"].values == 0)  # a given L range: every integer, no columns
     assert np.all((2 <= stats["max_steps"].values) & (stats["max_steps"].values <= 5))
     lo, hi = stats["step_size_min"].values, stats["step_size_max"].values
     np.testing.assert_allclose(hi / lo, 4.0)

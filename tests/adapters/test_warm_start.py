@@ -436,7 +436,10 @@ def test_pymc_step_refits_from_a_snapshot_with_a_short_tune(pymc_fit):
     first = int(np.argmax(np.asarray(warm.tuning_round)[0] == 1))
     box = [np.asarray(warm[name])[0, first] for name in ("step_size_min", "step_size_max", "max_steps_min",
                                                           "max_steps_max")]
-    space = search_space(tuple(box[:2]), (int(box[2]), int(box[3])), num_step_sizes=Config().box.num_step_sizes)
+    columns = int(warm.num_num_steps[0, first]), bool(warm.log_num_steps[0, first])
+    assert columns == (Config().box.num_num_steps, True)  # the automatic box's log-spaced L columns
+    space = search_space(tuple(box[:2]), (int(box[2]), int(box[3])), num_step_sizes=Config().box.num_step_sizes,
+                         num_num_steps=columns[0], log_num_steps=columns[1])
     row = int(np.argmin(np.abs(space.step_size_unit - snapshot.arm_unit[0])))
     col = int(np.argmin(np.abs(space.num_steps_unit - snapshot.arm_unit[1])))
     assert (float(warm.step_size[0, first]), int(warm.max_steps[0, first])) == pytest.approx(

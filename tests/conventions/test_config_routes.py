@@ -62,6 +62,12 @@ def test_pymc_step_reads_config_and_flat_options_alike():
             ahmc_pymc.AdaptiveHMC(paper_preset=True)
         with pytest.raises(ValueError, match="restart_lost_chains is not available in PyMC"):
             ahmc_pymc.AdaptiveHMC(restart_lost_chains=False)
+        columns = ahmc_pymc.AdaptiveHMC(num_num_steps=8, log_num_steps=False)
+        given = ahmc_pymc.AdaptiveHMC(num_num_steps=8, num_steps_bounds=(2, 20))
+        with pytest.raises(ValueError, match="num_num_steps must be a whole number > 0"):
+            ahmc_pymc.AdaptiveHMC(num_num_steps=0)
+    assert columns._l_columns == (8, False) and given._l_columns == (None, False)  # a given range: every L
+    assert default._l_columns == (Config().box.num_num_steps, True)  # the JAX routes' automatic box
     for step in (flat, config):
         assert step._round_length == 7 and step._tuner_options["noise_variance"] == 0.3
         assert step.target_accept == 0.9

@@ -95,3 +95,22 @@ def test_automatic_box_columns_of_l_log_spaced_or_even():
                 values = grid_num_steps(unit, 1, top, log=log)
                 assert abs(int(values[column]) - num_steps) <= max(1, 0.12 * num_steps) * (1 if log else top / 31)
     assert {2, 3} & set(grid_num_steps(unit, 1, 1024, log=False).tolist()) == set()  # even columns skip them
+
+
+def test_search_space_with_columns_is_the_automatic_box_grid():
+    """``num_num_steps`` columns: the GP's unit coordinates are the columns', each runs grid_num_steps; a
+    first arm by ``arm_index`` takes the first column of its L (where columns repeat one)."""
+    from ahmc.core.space import grid_num_steps
+
+    for log in (True, False):
+        space = search_space((0.1, 1.0), (1, 13), num_step_sizes=5, num_num_steps=32, log_num_steps=log)
+        assert space.shape == (5, 32) and space.num_steps.dtype == np.int32
+        np.testing.assert_array_equal(space.num_steps_unit, np.linspace(0.0, 1.0, 32))
+        np.testing.assert_array_equal(space.num_steps, grid_num_steps(space.num_steps_unit, 1, 13, log=log))
+        column = space.arm_index(0.1, 2) % 32
+        assert space.num_steps[column] == 2 and (column == 0 or space.num_steps[column - 1] == 1)
+    assert np.sum(space.num_steps == 1) == 2  # evenly spaced: 32 columns over 13 values
+    every = search_space((0.1, 1.0), (1, 13), num_num_steps=None)
+    np.testing.assert_array_equal(every.num_steps, np.arange(1, 14))
+    with pytest.raises(ValueError, match="num_num_steps must be a whole number > 0"):
+        search_space((0.1, 1.0), (1, 13), num_num_steps=-3)
