@@ -293,7 +293,10 @@ class AdaptiveHMC(MCMCKernel):
         sequential chains each build their own engine, so op by op, whose small programs the next chain reuses."""
         if not self._vectorized:
             return engine.init(positions, rng_key)
-        return compiled_init(engine, self._logdensity_fn(model_args, model_kwargs), positions, rng_key)
+        # NumPyro's initialize_model found the start with a finite potential and gradient (else it raised):
+        # no second check. A given init_params, a potential_fn or a warm start's positions are checked.
+        return compiled_init(engine, self._logdensity_fn(model_args, model_kwargs), positions, rng_key,
+                             check=not self._start_checked)
 
     @staticmethod
     def _build_engine(logdensity_fn, **options):
@@ -341,10 +344,13 @@ class AdaptiveHMC(MCMCKernel):
                 ) from error
             self._potential_fn_gen = info.potential_fn
             self._postprocess_fn = info.postprocess_fn
+            self._start_checked = init_params is None and self._warm_start is None
             if init_params is None:
                 init_params = info.param_info.z
         elif init_params is None:
             raise ValueError("With `potential_fn`, pass `init_params` to MCMC.run (an unconstrained position).")
+        else:
+            self._start_checked = False
 
         if not jax.tree.leaves(init_params):
             raise ValueError(

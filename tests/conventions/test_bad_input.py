@@ -123,3 +123,28 @@ def test_improper_flat_posterior_is_named_in_the_pymc_step(caplog):
             pm.sample(step=ahmc_pymc.AdaptiveHMC(), tune=300, draws=10, chains=1, cores=1, random_seed=0,
                       progressbar=False, compute_convergence_checks=False)
     assert "improper posterior" in caplog.text and "keep growing" in caplog.text
+
+
+def test_numpyro_start_outside_the_support_is_named_and_checked_once(monkeypatch):
+    """A given ``init_params`` where the density is -inf: a ValueError naming the chain, before the run's program
+    compiles. NumPyro's own initialisation already refuses such a start, so ahmc does not check it again."""
+    from ahmc.adapters import _jax_run
+    from numpyro.infer import MCMC
+
+    def walled():
+        x = numpyro.sample("x", dist.Normal(0.0, 1.0).expand([2]))
+        numpyro.factor("wall", jnp.where(x[0] > 1.0, -jnp.inf, 0.0))
+
+    checks = []
+    check = _jax_run._check_start
+    monkeypatch.setattr(_jax_run, "_check_start", lambda *args: checks.append(1) or check(*args))
+
+    def mcmc():
+        return MCMC(ahmc_numpyro.AdaptiveHMC(walled), num_warmup=20, num_samples=5, num_chains=3,
+                    chain_method="vectorized", progress_bar=False)
+
+    with pytest.raises(ValueError, match=r"not finite at the initial position of chain\(s\) \[1\]"):
+        mcmc().run(jax.random.key(0), init_params={"x": jnp.array([[0.0, 0.0], [2.0, 0.0], [0.5, 0.0]])})
+    assert checks == [1]
+    mcmc().run(jax.random.key(0))  # NumPyro's initialize_model found a finite start for every chain
+    assert checks == [1]
