@@ -82,6 +82,18 @@ def _config_attr(*nodes):
     return _attr(CONFIG_ATTR, *nodes)
 
 
+def recorded_columns(stats) -> dict:
+    """``num_num_steps`` and ``log_num_steps`` as the PyMC step records them per draw (one setting for the
+    whole run: chain 0's last draw), as keyword arguments of ``search_space``; ``{}`` for trees before
+    2026-12-06, whose grid has every integer of the box."""
+    columns = {}
+    if "num_num_steps" in stats:
+        columns["num_num_steps"] = int(np.asarray(stats["num_num_steps"])[0, -1]) or None  # 0: every integer
+    if "log_num_steps" in stats:
+        columns["log_num_steps"] = bool(np.asarray(stats["log_num_steps"])[0, -1])
+    return columns
+
+
 def _with_box(config, stats: dict):
     """Fill in the config's search box from per-draw box stats (removed from ``stats``) if it has none."""
     pymc_hmc = all(name in stats for name in SCALAR_BOX_STATS["step_size"]) and RMHMC_STAT not in stats
@@ -90,7 +102,9 @@ def _with_box(config, stats: dict):
             stats[f"{field}_pair"] = np.stack([stats.pop(low), stats.pop(high)], axis=-1)
     names = {**BOX_STATS, **{f"{field}_pair": field for field in SCALAR_BOX_STATS}}
     boxes = {field: stats.pop(name) for name, field in names.items() if name in stats}
-    columns = {name: stats.pop(name) for name in COLUMN_STATS if name in stats}  # PyMC: the box's L columns
+    columns = recorded_columns(stats)  # PyMC: the box's L columns
+    for name in COLUMN_STATS:
+        stats.pop(name, None)
     base = TuningConfig.parse(config)
     if not boxes or (base is not None and base.step_size is not None and base.num_steps is not None):
         return base
@@ -100,9 +114,7 @@ def _with_box(config, stats: dict):
     for field, values in boxes.items():  # (chains, draws, 2): each chain's box at its last draw
         last = np.asarray(values)[:, -1, :].astype(float if field == "step_size" else int)
         box[field] = last[0].tolist() if np.all(last == last[0]) else last.tolist()
-    for name, values in columns.items():  # one setting for the whole run: chain 0's last draw
-        value = np.asarray(values)[0, -1]
-        box[name] = (int(value) or None) if name == "num_num_steps" else bool(value)
+    box.update(columns)
     if base is not None:
         return base._replace(**box)
     # No recorded config: the defaults of the adapter that made the tree.

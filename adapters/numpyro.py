@@ -328,6 +328,8 @@ class AdaptiveHMC(MCMCKernel):
         else:
             rng_key, model_key, engine_key = jax.random.split(rng_key, 3)
             first_key = model_key
+        # NumPyro's initialize_model checks the start it finds; a given one (or a warm start's) is ahmc's to check.
+        self._start_checked = self._model is not None and init_params is None and self._warm_start is None
         if self._model is not None:
             try:
                 info = initialize_model(model_key, self._model, dynamic_args=True,
@@ -344,13 +346,10 @@ class AdaptiveHMC(MCMCKernel):
                 ) from error
             self._potential_fn_gen = info.potential_fn
             self._postprocess_fn = info.postprocess_fn
-            self._start_checked = init_params is None and self._warm_start is None
             if init_params is None:
                 init_params = info.param_info.z
         elif init_params is None:
             raise ValueError("With `potential_fn`, pass `init_params` to MCMC.run (an unconstrained position).")
-        else:
-            self._start_checked = False
 
         if not jax.tree.leaves(init_params):
             raise ValueError(

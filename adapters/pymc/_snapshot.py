@@ -18,6 +18,8 @@ from ahmc.core.config import Config
 from ahmc.core.snapshot import TuningSnapshot, metric_name
 from ahmc.core.space import search_space
 
+from ..diagnostics import recorded_columns
+
 __all__ = ["tuning_snapshot", "value_coordinates", "SNAPSHOT_ATTR"]
 
 #: The DataTree attribute that keeps the compiled route's tuning snapshot (JSON).
@@ -103,10 +105,7 @@ def _step_snapshot(tree, model, metric=None) -> TuningSnapshot:
     flat = _flat_draws(tree, model, value_vars)
     box = tuple(float(np.asarray(stats[name])[0, -1]) for name in ("step_size_min", "step_size_max"))
     l_box = tuple(int(np.asarray(stats[name])[0, -1]) for name in ("max_steps_min", "max_steps_max"))
-    columns = {name: np.asarray(stats[name])[0, -1] for name in ("num_num_steps", "log_num_steps") if name in stats}
-    space = search_space(box, l_box, num_step_sizes=Config().box.num_step_sizes,  # trees before 2026-12-06:
-                         num_num_steps=int(columns.get("num_num_steps", 0)) or None,  # every integer
-                         log_num_steps=bool(columns.get("log_num_steps", False)))
+    space = search_space(box, l_box, num_step_sizes=Config().box.num_step_sizes, **recorded_columns(stats))
     arms, rewards, counts = _round_evidence(tree, space)
     arm = (float(np.asarray(stats["step_size"])[0, -1]), int(np.asarray(stats["max_steps"])[0, -1]))
     index = space.arm_index(*arm)
