@@ -31,7 +31,7 @@ from numpyro.util import identity, is_prng_key  # noqa: E402
 from ahmc.core.snapshot import metric_name  # noqa: E402
 
 from ._jax_engine import EngineState, build_engine  # noqa: E402
-from ._jax_run import compiled_init  # noqa: E402
+from ._jax_run import compiled_data_init  # noqa: E402
 from ._jax_snapshot import engine_snapshot, load_snapshot, prepare_warm_start  # noqa: E402
 from ._jax_sharding import chain_mesh, set_mesh, shard_chains, traced_mesh_context  # noqa: E402
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
@@ -289,14 +289,14 @@ class AdaptiveHMC(MCMCKernel):
         return None, ""
 
     def _init_engine(self, engine, positions, rng_key, model_args, model_kwargs):
-        """The engine's initial state: vectorized chains compile it as one program (:func:`compiled_init`);
+        """The engine's initial state: vectorized chains compile it as one program (:func:`compiled_data_init`, the model's arguments its arguments);
         sequential chains each build their own engine, so op by op, whose small programs the next chain reuses."""
         if not self._vectorized:
             return engine.init(positions, rng_key)
         # NumPyro's initialize_model found the start with a finite potential and gradient (else it raised):
         # no second check. A given init_params, a potential_fn or a warm start's positions are checked.
-        return compiled_init(engine, self._logdensity_fn(model_args, model_kwargs), positions, rng_key,
-                             check=not self._start_checked)
+        return compiled_data_init(lambda data: self._engine(*data), lambda data: self._logdensity_fn(*data),
+                                  (model_args, model_kwargs), positions, rng_key, check=not self._start_checked)
 
     @staticmethod
     def _build_engine(logdensity_fn, **options):

@@ -167,6 +167,48 @@ def numpyro_run(model, snapshot, scales, *, seed, num_warmup=250, num_chains=NUM
     return mcmc
 
 
+def test_numpyro_refits_on_new_data_compile_nothing_with_the_persistent_cache():
+    """docs/warm_start.md: with ``jit_model_args=True`` and JAX's persistent cache, a refit on new data of the
+    same shapes, cold or warm, compiles nothing: the model's arguments are arguments of every program (the
+    engine's initial state, the start's check, the warm start's check), not constants."""
+    numpyro = pytest.importorskip("numpyro")
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveHMC, tuning_snapshot
+
+    def shifted(means):  # no other test compiles this model
+        numpyro.sample("x", numpyro.distributions.Normal(means, 1.0))
+
+    def fit(means, warm_start=None):
+        mcmc = MCMC(AdaptiveHMC(shifted, warm_start=warm_start), num_warmup=100, num_samples=100,
+                    num_chains=NUM_CHAINS, chain_method="vectorized", progress_bar=False, jit_model_args=True)
+        mcmc.run(jax.random.key(0), jnp.asarray(means))
+        return mcmc
+
+    compiles, hits = [], []  # a program loaded from the persistent cache counts in both
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kwargs: compiles.append(event) if event.endswith("backend_compile_duration") else None)
+    jax.monitoring.register_event_listener(
+        lambda event, **kwargs: hits.append(event) if event.endswith("compilation_cache/cache_hits") else None)
+    threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the suite caches only slow programs
+    try:
+        snapshot = tuning_snapshot(fit([0.0, 1.0, 2.0]))
+        compiles.clear(), hits.clear()
+        fit([0.5, 1.5, 2.5])
+        assert len(compiles) == len(hits) > 0  # a cold refit: every program found in the cache
+        fit([0.0, 1.0, 2.0], warm_start=snapshot)
+        compiles.clear(), hits.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", WarmStartWarning)  # the snapshot fits: a warm run
+            warm = fit([0.5, 1.5, 2.5], warm_start=snapshot)
+        assert len(compiles) == len(hits) > 0  # a warm refit too
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
+    draws = np.asarray(warm.get_samples()["x"])
+    assert np.all(np.abs(draws.mean(axis=0) - [0.5, 1.5, 2.5]) < 0.5)  # its own data's posterior
+
+
 def test_numpyro_snapshot_fields_and_a_warm_refit(numpyro_fit, tmp_path):
     from ahmc.adapters.numpyro import tuning_snapshot
 

@@ -136,8 +136,8 @@ def test_numpyro_start_outside_the_support_is_named_and_checked_once(monkeypatch
         numpyro.factor("wall", jnp.where(x[0] > 1.0, -jnp.inf, 0.0))
 
     checks = []
-    check = _jax_run._check_start
-    monkeypatch.setattr(_jax_run, "_check_start", lambda *args: checks.append(1) or check(*args))
+    check = _jax_run._check_finite
+    monkeypatch.setattr(_jax_run, "_check_finite", lambda *args: checks.append(1) or check(*args))
 
     def mcmc():
         return MCMC(ahmc_numpyro.AdaptiveHMC(walled), num_warmup=20, num_samples=5, num_chains=3,
