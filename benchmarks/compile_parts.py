@@ -10,9 +10,10 @@ the defaults plus ``--options``) is compiled three ways, each adding a part to t
 * ``whole run``: ``run_chains``' program (1000 + 1000 iterations), with the seconds of one run of it.
 
 Prints, per model, the seconds of XLA compilation and the fused kernels of each, as a Markdown table.
-``--compiler-options`` passes XLA options to every compilation (e.g. ``'{"xla_backend_optimization_level":
-1}'``: docs/decisions.md, "XLA's optimization level").  A study: compare the rows of one run, not runs
-(2 shared cores).
+``--compiler-options`` passes XLA options to every compilation (e.g.
+``'{"xla_backend_optimization_level": 1}'``: docs/decisions.md, "XLA's optimization level");
+``--prng-impl rbg`` makes every key JAX's ``rbg`` (or ``unsafe_rbg``) PRNG (docs/decisions.md, "JAX's
+cheaper PRNGs").  A study: compare the rows of one run, not runs (2 shared cores).
 """
 
 from __future__ import annotations
@@ -76,11 +77,14 @@ def main(argv=None) -> list:
     parser.add_argument("--models", default="std_gauss_10")
     parser.add_argument("--options", default="{}", help="engine options as JSON, e.g. '{\"metric_recipe\": \"welford_diag\"}'")
     parser.add_argument("--compiler-options", default="{}", help="XLA compiler options as JSON")
+    parser.add_argument("--prng-impl", default=None, help="JAX's PRNG for every key, e.g. rbg or unsafe_rbg")
     args = parser.parse_args(argv)
 
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    if args.prng_impl:
+        jax.config.update("jax_default_prng_impl", args.prng_impl)
     from .models import get_model
 
     options, compiler_options = json.loads(args.options), json.loads(args.compiler_options)
