@@ -289,8 +289,9 @@ class AdaptiveHMC(MCMCKernel):
         return None, ""
 
     def _init_engine(self, engine, positions, rng_key, model_args, model_kwargs):
-        """The engine's initial state: vectorized chains compile it as one program (:func:`compiled_data_init`, the model's arguments its arguments);
-        sequential chains each build their own engine, so op by op, whose small programs the next chain reuses."""
+        """The engine's initial state: vectorized chains compile it as one program whose arguments include the
+        model's (:func:`compiled_data_init`); sequential chains each build their own engine, so op by op, whose
+        small programs the next chain reuses."""
         if not self._vectorized:
             return engine.init(positions, rng_key)
         # NumPyro's initialize_model found the start with a finite potential and gradient (else it raised):

@@ -192,27 +192,29 @@ def _numpyro_logistic(X, y):
 
 
 def run_numpyro(data, seed: int, num_warmup: int, warm_start=None) -> dict:
-    """One NumPyro fit (warm-up, then draws), timed from the kernel's construction to the draws on the host."""
+    """One NumPyro fit, one ``mcmc.run`` as users call it (warm-up and draws in one loop, every iteration
+    kept to count the warm-up's gradients), timed from the kernel's construction to the draws on the host."""
     import jax.numpy as jnp
     from numpyro.infer import MCMC
 
     from ahmc.adapters.numpyro import AdaptiveHMC, tuning_snapshot as numpyro_snapshot
+
+    from .samplers import _keep_every_iteration
 
     X, y = (jnp.asarray(a) for a in data)
     start = time.perf_counter()
     mcmc = MCMC(AdaptiveHMC(_numpyro_logistic, warm_start=warm_start), num_warmup=num_warmup,
                 num_samples=NUM_SAMPLES, num_chains=NUM_CHAINS, chain_method="vectorized", progress_bar=False,
                 jit_model_args=True)
+    _keep_every_iteration(mcmc)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", WarmStartWarning)
-        mcmc.warmup(jax.random.key(seed), X, y, extra_fields=("num_steps",), collect_warmup=True)
-    warmup_steps = np.asarray(mcmc.get_extra_fields()["num_steps"])
-    mcmc.run(mcmc.post_warmup_state.rng_key, X, y, extra_fields=("num_steps",))
-    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])
+        mcmc.run(jax.random.key(seed), X, y, extra_fields=("num_steps",))
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["x"])[:, num_warmup:]
     seconds = time.perf_counter() - start
+    steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_steps"])
     check = 0.0 if warm_start is None else NUM_CHAINS * CHECK_ITERATIONS * (warm_start.arm[1] + 1) / 2
-    grads = {"warmup": float(warmup_steps.sum()) + check,
-             "sampling": float(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())}
+    grads = {"warmup": float(steps[:, :num_warmup].sum()) + check, "sampling": float(steps[:, num_warmup:].sum())}
     snapshot = numpyro_snapshot(mcmc)
     return {"draws": draws, "seconds": seconds, "grads": grads, "ess": strict_ess(draws),
             "rhat": float(split_rhat(draws).max()), "snapshot": snapshot,
