@@ -1012,6 +1012,23 @@ def test_refit_study_warm_starts_rmhmc_through_the_public_api(monkeypatch, jax_x
     assert warm["rhat"] < 1.1 and cold["rhat"] < 1.1
 
 
+@pytest.mark.slow  # two short NumPyro fits, ~25 s
+def test_refit_study_numpyro_route_counts_one_runs_warmup_and_draws(monkeypatch, jax_x64):
+    """``python -m benchmarks.refit --route numpyro``: one ``mcmc.run`` per fit, its warm-up's gradients
+    (the check's added) apart from the draws', the draws the last ``NUM_SAMPLES`` iterations."""
+    pytest.importorskip("numpyro")
+    from benchmarks import refit
+
+    monkeypatch.setattr(refit, "NUM_SAMPLES", 150)
+    _, earlier, new = next(refit.numpyro_scenarios("pima", np.random.default_rng(0)))
+    cold = refit.run_numpyro(earlier, 0, 300)
+    assert cold["draws"].shape == (refit.NUM_CHAINS, 150, 8) and not cold["fell_back"]
+    assert cold["grads"]["warmup"] > cold["grads"]["sampling"] > refit.NUM_CHAINS * 150
+    warm = refit.run_numpyro(new, 1, 100, warm_start=cold["snapshot"])
+    assert warm["draws"].shape == (refit.NUM_CHAINS, 150, 8) and not warm["fell_back"]
+    assert warm["grads"]["warmup"] < 0.5 * cold["grads"]["warmup"] and warm["rhat"] < 1.1
+
+
 @pytest.mark.slow  # seven NumPyro runs, ~60 s
 def test_hard_geometry_study_reports_every_sampler_against_the_truth(capsys, jax_x64):
     """The study behind docs/decisions.md, "Divergences: a finer retry", through the public APIs: one row per
