@@ -209,6 +209,28 @@ def test_numpyro_refits_on_new_data_compile_nothing_with_the_persistent_cache():
     assert np.all(np.abs(draws.mean(axis=0) - [0.5, 1.5, 2.5]) < 0.5)  # its own data's posterior
 
 
+def test_numpyro_a_model_that_needs_its_data_concrete_still_runs():
+    """The initial state's program takes the model's arguments as arguments; a model that runs NumPy on them
+    cannot be traced that way, and gets them as constants instead (and samples its posterior)."""
+    numpyro = pytest.importorskip("numpyro")
+    from numpyro.infer import MCMC
+
+    from ahmc.adapters.numpyro import AdaptiveHMC
+
+    def model(y):
+        total = float(np.asarray(y).sum())  # NumPy on the data: it must be concrete
+        mu = numpyro.sample("mu", numpyro.distributions.Normal(0.0, 10.0))
+        numpyro.factor("likelihood", mu * total - 0.5 * y.shape[0] * mu**2)  # y_i ~ N(mu, 1)
+
+    y = np.arange(10.0)
+    mcmc = MCMC(AdaptiveHMC(model), num_warmup=500, num_samples=1000, num_chains=NUM_CHAINS,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(3), y)
+    precision = len(y) + 1 / 100.0  # the normal prior's conjugate posterior
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])[..., None]
+    assert_moments_match(draws, np.array([y.sum() / precision]), np.array([precision ** -0.5]))
+
+
 def test_numpyro_snapshot_fields_and_a_warm_refit(numpyro_fit, tmp_path):
     from ahmc.adapters.numpyro import tuning_snapshot
 
