@@ -163,6 +163,12 @@ def _spec_run(spec: RunSpec, rng_key, positions, inputs: RunInputs):
 _spec_run_jit = jax.jit(_spec_run, static_argnums=0)
 
 
+def traced(*trees) -> bool:
+    """Whether any leaf of ``trees`` is a tracer: the call runs inside a JAX transformation (NumPyro's
+    ``parallel`` chains trace ``init`` under ``pmap``), where concrete checks cannot run."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(trees))
+
+
 def compiled_init(engine, logdensity_fn, positions, rng_key, data=(), check=True):
     """``engine.init(positions, rng_key)`` as one compiled program, the start's density checked first.
 
@@ -171,7 +177,7 @@ def compiled_init(engine, logdensity_fn, positions, rng_key, data=(), check=True
     few tenths.  Under a trace (NumPyro's ``parallel`` chains) the check is left to the engine.  ``data``:
     the engine's ``chain_data``, as a 1-tuple (empty without).  ``check=False``: the caller has checked the
     start already (NumPyro's ``initialize_model`` does), which saves the check's program (0.2 s on Pima)."""
-    if check and not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((positions, rng_key))):
+    if check and not traced(positions, rng_key):
         _check_start(logdensity_fn, positions, data)
     return _init_jit(engine.init, positions, rng_key)
 
@@ -185,9 +191,8 @@ def compiled_data_init(make_engine, make_logdensity, data, positions, rng_key, c
     from ._jax_snapshot import _split_data
 
     arrays, rebuild = _split_data(data)
-    traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((positions, rng_key)))
     try:
-        if check and not traced:
+        if check and not traced(positions, rng_key):
             _check_finite(*jax.jit(lambda p, a: _densities(make_logdensity(rebuild(a)), p))(positions, arrays))
         return jax.jit(lambda p, k, a: make_engine(rebuild(a)).init(p, k))(positions, rng_key, arrays)
     except jax.errors.JAXTypeError:

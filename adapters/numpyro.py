@@ -31,7 +31,7 @@ from numpyro.util import identity, is_prng_key  # noqa: E402
 from ahmc.core.snapshot import metric_name  # noqa: E402
 
 from ._jax_engine import EngineState, build_engine  # noqa: E402
-from ._jax_run import compiled_data_init  # noqa: E402
+from ._jax_run import compiled_data_init, traced  # noqa: E402
 from ._jax_snapshot import engine_snapshot, load_snapshot, prepare_warm_start  # noqa: E402
 from ._jax_sharding import chain_mesh, set_mesh, shard_chains, traced_mesh_context  # noqa: E402
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric  # noqa: E402
@@ -269,7 +269,7 @@ class AdaptiveHMC(MCMCKernel):
         """``chain_method="parallel"``: NumPyro traces ``init`` once for every chain (``pmap``), so the check
         runs while tracing, on concrete values: the snapshot's rows are its chains (with a key of its own),
         and each chain starts from the row its own traced key picks."""
-        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((model_args, model_kwargs))):
+        if traced(model_args, model_kwargs):
             raise ValueError("AdaptiveHMC(warm_start=...) with chain_method='parallel' checks the snapshot while "
                              "NumPyro traces init, which needs the model's arguments concrete, and here they are "
                              "traced; use chain_method='vectorized'.")
@@ -288,12 +288,12 @@ class AdaptiveHMC(MCMCKernel):
         """``(kernel, metric name)`` of the warm-start check: BlackJAX's HMC kernel, no metric."""
         return None, ""
 
-    def _init_engine(self, engine, positions, rng_key, model_args, model_kwargs):
+    def _init_engine(self, positions, rng_key, model_args, model_kwargs):
         """The engine's initial state: vectorized chains compile it as one program whose arguments include the
-        model's (:func:`compiled_data_init`); sequential chains each build their own engine, so op by op, whose
-        small programs the next chain reuses."""
+        model's (:func:`compiled_data_init`, which builds the engine inside it); sequential chains each build
+        their own engine, so op by op, whose small programs the next chain reuses."""
         if not self._vectorized:
-            return engine.init(positions, rng_key)
+            return self._engine(model_args, model_kwargs).init(positions, rng_key)
         # NumPyro's initialize_model found the start with a finite potential and gradient (else it raised):
         # no second check. A given init_params, a potential_fn or a warm start's positions are checked.
         return compiled_data_init(lambda data: self._engine(*data), lambda data: self._logdensity_fn(*data),
@@ -362,9 +362,8 @@ class AdaptiveHMC(MCMCKernel):
         _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], positions))
         positions, engine_key = self._check_warm_start(positions, engine_key, model_args, model_kwargs)
         self._mesh = chain_mesh(positions, type(self).__name__) if self._vectorized else None
-        engine = self._engine(model_args, model_kwargs)
         with set_mesh(self._mesh):
-            engine_state = self._init_engine(engine, positions, engine_key, model_args, model_kwargs)
+            engine_state = self._init_engine(positions, engine_key, model_args, model_kwargs)
         self._sample_fn = self._sample
         batch = engine_state.logdensity.shape
         nan = jnp.full(batch, jnp.nan, engine_state.logdensity.dtype)
@@ -554,9 +553,9 @@ class AdaptiveRMHMC(AdaptiveHMC):
             return build_rmhmc_engine(self._logdensity_fn(model_args, model_kwargs), num_warmup=self._num_warmup,
                                       **{**self._run_options, "metric": fisher})
 
-    def _init_engine(self, engine, positions, rng_key, model_args, model_kwargs):
+    def _init_engine(self, positions, rng_key, model_args, model_kwargs):
         # Op by op: the metric's checks at the start need concrete values.
-        return engine.init(positions, rng_key)
+        return self._engine(model_args, model_kwargs).init(positions, rng_key)
 
     def _check_kernel(self, model_args, model_kwargs):
         """The run's RMHMC transition, and its metric's name (the snapshot's must be the same)."""
