@@ -211,7 +211,8 @@ def _tables(json_path, results: dict) -> str:
     lines = [f"{_run_line(json_path, results)}; `{_command(results['environment']['command'])}`. "
              "Strict ESS: min over coordinates of min(bulk ESS of x, of (x - mean)^2); per gradient with "
              "warm-up counted, per second of total wall time with compilation. Run µs/grad: the run's time "
-             "without compilation over its gradients, beside the per-second peer's.", ""]
+             "without compilation over its gradients, beside the per-second peer's."
+             + earlier_note(results["environment"]), ""]
     for route in ROUTES:
         lines += route_table(results, route)
     return "\n".join(lines).rstrip() + "\n"
@@ -228,6 +229,15 @@ def _run_line(json_path, results: dict) -> str:
 
 def _command(command: str) -> str:
     return re.sub(r"\S*/benchmarks/results/", "benchmarks/results/", command)
+
+
+def earlier_note(env) -> str:
+    """The earlier invocations of a resumed run (``--resume``), whose finished runs the file keeps."""
+    earlier = env.get("earlier_invocations") or []
+    return "".join(
+        f" Resumed (`--resume`) from `{_command(item['command'])}` ({str(item['date_utc'])[:10]}, git "
+        f"{str(item['git_commit'])[:10]}{' dirty' if item.get('git_dirty') else ''}"
+        f"{', ' + item['cpu_model'] if item.get('cpu_model') else ''}), whose finished runs are kept." for item in earlier)
 
 
 def _summary(json_path, results: dict) -> str:

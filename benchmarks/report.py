@@ -368,7 +368,8 @@ def write_report(json_path: str | Path) -> Path:
         from .run import markdown_report
 
         json_path.with_suffix(".md").write_text(markdown_report(results) + "\n")
-    from .run import _earlier_note, _total_s
+    from .headline import earlier_note
+    from .run import _total_s
 
     models = list(results["models"])
     lines = [
@@ -377,7 +378,7 @@ def write_report(json_path: str | Path) -> Path:
         f"Command: `{env['command']}` ({env['date_utc']}, seed {env['seed']}, {settings['dtype']}, "
         f"{settings['num_chains']} chains per sampler except ChEES and MEADS), on {env['cpu_model']} with "
         f"{env['nproc']} CPU cores shared with other jobs; git {str(env['git_commit'])[:10]}. "
-        + (f"Total {_total_s(results) / 60:.0f} min.{_earlier_note(env)}" if complete else
+        + (f"Total {_total_s(results) / 60:.0f} min.{earlier_note(env)}" if complete else
            "**The run was interrupted**: models not started: "
            f"{', '.join(not_started) or 'none'}; samplers that did not run are listed under each model."),
         "",

@@ -55,6 +55,7 @@ import numpy as np
 
 from .metrics import summarize
 from .models import MODELS, PYMC_MODEL_NAMES, get_model, initial_positions
+from .headline import earlier_note
 from .report import NUTS
 from .samplers import BY_NAME_SAMPLERS, DENSE_SAMPLERS, SAMPLERS
 
@@ -305,7 +306,7 @@ def _previous_runs(args, results) -> dict:
             "use the same settings, or another --output.")
     env = earlier["environment"]
     invocations = env.pop("earlier_invocations", [])
-    invocations.append({key: env.get(key) for key in ("command", "date_utc", "git_commit", "git_dirty")})
+    invocations.append({key: env.get(key) for key in ("command", "date_utc", "git_commit", "git_dirty", "cpu_model")})
     results["environment"]["earlier_invocations"] = invocations
     results["earlier_elapsed_s"] = earlier.get("total_elapsed_s", 0.0) + earlier.get("earlier_elapsed_s", 0.0)
     if "tuning" in earlier and (path.parent / earlier["tuning"]["file"]).exists():  # else this run saves one
@@ -393,7 +394,10 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     clock = time.perf_counter()
     for model_name in model_names:
         if all((model_name, name) in previous for name in sampler_names):  # finished before: keep it
-            results["models"][model_name] = previous["models"][model_name]
+            header = results["models"][model_name] = previous["models"][model_name]
+            if (header["num_warmup"], header["num_samples"]) != (args.num_warmup, args.num_samples):
+                results["notes"].append(f"{'full' if args.full else 'quick'} mode: {model_name} uses "
+                                        f"{header['num_warmup']} warm-up / {header['num_samples']} draws per chain")
             results["runs"].extend(previous[model_name, name] for name in sampler_names)
             done += len(sampler_names)
             print(f"{model_name}: kept from {args.output.name} (--resume)", flush=True)
@@ -485,14 +489,6 @@ def _total_s(results) -> float:
     return results["total_elapsed_s"] + results.get("earlier_elapsed_s", 0.0)
 
 
-def _earlier_note(env) -> str:
-    """The earlier invocations of a resumed run, whose finished runs this file keeps."""
-    earlier = env.get("earlier_invocations") or []
-    return "".join(
-        f" Resumed (`--resume`) from `{item['command']}` ({item['date_utc']}, git {str(item['git_commit'])[:10]}"
-        f"{' dirty' if item.get('git_dirty') else ''}), whose finished runs are kept." for item in earlier)
-
-
 def markdown_report(results: dict[str, Any]) -> str:
     env = results["environment"]
     settings = results["settings"]
@@ -506,7 +502,7 @@ def markdown_report(results: dict[str, Any]) -> str:
         f"git {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}. "
         + (f"Total {_total_s(results) / 60:.1f} min." if "total_elapsed_s" in results
          else "**Interrupted: the models below are those that finished.**")
-        + _earlier_note(env),
+        + earlier_note(env),
         "",
         "ESS: ArviZ bulk ESS over all chains, per coordinate; min / median / max over coordinates. "
         "Per gradient = per leapfrog step of the sampling phase (paper's ESS/L); 'w/ warm-up' also counts "

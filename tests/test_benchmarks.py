@@ -406,6 +406,28 @@ def test_tiny_run_resumes_with_a_new_model(tmp_path):
     assert "Resumed (`--resume`) from" in output.with_suffix(".md").read_text()
 
 
+def test_resume_keeps_the_draws_note_of_a_model_it_keeps(tmp_path, jax_x64):
+    """A model kept whole by --resume keeps its note on draws other than the run's (full mode's longer
+    runs), from its kept header: it is not built again to find them."""
+    import json
+
+    output = tmp_path / "tiny.json"
+    command = _tiny_command(output)[3:]
+    earlier = {"mode": "quick", "settings": {"num_chains": 2, "num_warmup": 100, "num_samples": 50,
+                                             "dtype": "float64", "sampler_options": {}},
+               "environment": {"seed": 3, "command": "earlier", "date_utc": "2026-12-05", "git_commit": "a7b10a6",
+                               "git_dirty": False, "cpu_model": "Intel"},
+               "models": {"kidiq": {"description": "kidiq", "dim": 3, "num_warmup": 100, "num_samples": 400}},
+               "runs": [{"model": "kidiq", "sampler": name, "status": "skipped", "reason": "r", "elapsed_s": 0.0}
+                        for name in ("ahmc_blackjax", "blackjax_nuts")],
+               "total_elapsed_s": 1.0}
+    output.write_text(json.dumps(earlier))
+    run.main([*command, "--resume", "--no-figures"])
+    results = json.loads(output.read_text())
+    assert results["notes"] == ["quick mode: kidiq uses 100 warm-up / 400 draws per chain"]
+    assert results["environment"]["earlier_invocations"][0]["cpu_model"] == "Intel"
+
+
 def test_resume_keeps_the_tuning_figure_only_if_its_file_exists(tmp_path):
     """A resumed run inherits the earlier run's tuning history only when that file is there; else the
     first AHMC run of this invocation saves its own (the report's reward-surface figure needs one)."""
@@ -571,6 +593,32 @@ def test_the_readme_summary_has_one_row_per_route_with_its_geometric_means(tmp_p
     assert "ahmc_pymc" not in summary  # routes without runs have no row
     text = "before\n<!-- results bench_quick summary -->\nold\n<!-- /results -->\nafter\n"
     assert headline.rewrite(text, tmp_path) == f"before\n<!-- results bench_quick summary -->\n{summary}<!-- /results -->\nafter\n"
+
+
+def test_the_tables_of_a_resumed_run_name_the_runs_they_keep(tmp_path):
+    """A file that keeps an earlier invocation's records (``--resume``) says so above its tables, with
+    that invocation's command, commit and machine: its per-second figures were timed there."""
+    import json
+
+    from benchmarks import headline
+
+    earlier = {"command": "python -m benchmarks.run --full --output /x/benchmarks/results/bench_full.json",
+               "date_utc": "2026-12-05T11:00", "git_commit": "a7b10a6930", "git_dirty": False,
+               "cpu_model": "Intel(R) Xeon(R) Processor"}
+    results = {"mode": "full", "models": {"pima": {"dim": 8}},
+               "settings": {"num_chains": 4, "num_warmup": 1000, "num_samples": 1000, "dtype": "float64"},
+               "environment": {"git_commit": "abcdef0123", "seed": 0, "cpu_model": "CPU", "nproc": 2,
+                               "date_utc": "2026-12-06T00:00", "command": "python -m benchmarks.run --full --resume",
+                               "earlier_invocations": [earlier]},
+               "runs": []}
+    path = tmp_path / "bench_full.json"
+    path.write_text(json.dumps(results))
+    assert ("Resumed (`--resume`) from `python -m benchmarks.run --full --output benchmarks/results/bench_full.json` "
+            "(2026-12-05, git a7b10a6930, Intel(R) Xeon(R) Processor), whose finished runs are kept."
+            in headline.headline_markdown(path))
+    del results["environment"]["earlier_invocations"]
+    path.write_text(json.dumps(results))
+    assert "Resumed" not in headline.headline_markdown(path)
 
 
 def test_lgcp_model_matches_its_definition():
