@@ -53,6 +53,7 @@ __all__ = [
     "strongest_correlation",
     "varying_coordinates",
     "variance_hint",
+    "few_draws_hint",
     "single_step_hint",
     "dense_mass_hint",
     "DENSE_HINT_CORRELATION",
@@ -684,6 +685,34 @@ def variance_hint(history: TuningHistory) -> str | None:
             f"strict metric: ESS, not jumps\"). With it already, draw more.")
 
 
+#: :func:`tuning_summary` suggests more draws below this bulk ESS per chain (Vehtari et al. 2021's floor for
+#: trusting R-hat and ESS; PyMC warns below it after ``pm.sample``).
+MIN_ESS_PER_CHAIN = 100
+
+
+def few_draws_hint(history: TuningHistory) -> str | None:
+    """A note that some coordinate's bulk ESS is under :data:`MIN_ESS_PER_CHAIN` per chain, with what draws
+    cost here and how to get more ESS, else None.  ahmc's arms are short: a draw costs few gradients and
+    carries less ESS than a NUTS draw (posteriordb's eight schools: 1.5-2.5 gradients and 0.09-0.21 ESS
+    per draw against NUTS's 7-11 and 0.4-0.5), so a run of NUTS's draw count can fall short."""
+    found = history.slowest_square
+    num_chains = history.trace.acceptance.shape[0]
+    if found is None or not found[2] < MIN_ESS_PER_CHAIN * num_chains:
+        return None
+    ess = found[2]
+    sampling = ~history.trace.is_warmup
+    steps = history.trace.num_integration_steps[sampling] if sampling.any() else history.trace.num_integration_steps
+    steps = steps[np.isfinite(steps)]
+    cost = f" at {np.mean(steps):.1f} leapfrog steps per draw" if steps.size else ""
+    more = int(np.ceil(MIN_ESS_PER_CHAIN * num_chains / max(ess, 1.0)))
+    return (f"the smallest bulk ESS of a coordinate is {ess:.0f} over {num_chains} chains, under "
+            f"{MIN_ESS_PER_CHAIN} per chain: R-hat and the Monte Carlo errors are not reliable yet (Vehtari et al. "
+            f"2021; PyMC warns the same). The tuned arm maximizes ESS per gradient{cost}, so each draw is cheap and "
+            f"carries little: draw about {more}x as many (num_samples / draws), or give objective=\"esjd\" "
+            f"for longer trajectories, more ESS per draw and less per gradient (docs/benchmarks.md, \"Known "
+            f"misses\").")
+
+
 def single_step_hint(history: TuningHistory) -> str | None:
     """A note that a tuner settled on ``L = 1`` (every transition one leapfrog step, a MALA step) in a box
     that offered longer trajectories, with the bound that rules it out, else None."""
@@ -896,7 +925,8 @@ def tuning_summary(history: TuningHistory, *, max_arms: int | None = None) -> st
         lines.extend(f"  - {message}" for message in warnings)
     else:
         lines.append("No sign that tuning failed.")
-    for hint in (dense_mass_hint(history), variance_hint(history), single_step_hint(history)):
+    for hint in (dense_mass_hint(history), variance_hint(history), single_step_hint(history),
+                 few_draws_hint(history)):
         if hint:
             lines.append(f"Hint: {hint}")
     return "\n".join(lines)

@@ -103,7 +103,7 @@ def test_datatree_has_pymc_names_coords_and_the_tuning_history():
 
     history = history_from_datatree(tree)
     summary = tuning_summary(history)
-    assert "one pooled tuner" in summary and "Hint" not in summary
+    assert "one pooled tuner" in summary and "Hint: posterior correlation" not in summary
     assert history.strongest_correlation is not None and abs(history.strongest_correlation[0]) < 0.9
     # Without the free-variable list, the Deterministic would be reported as a correlation of ~1.
     everything = history_from_datatree(tree, var_names=list(post.data_vars))

@@ -296,6 +296,25 @@ def test_summary_points_at_the_variances_only_when_the_squares_lag_far_behind():
     assert variance_hint(slow_everywhere) is None  # everything mixes slowly, not the squares alone
 
 
+def test_summary_suggests_more_draws_below_100_ess_per_chain():
+    """posteriordb's eight schools in the NumPyro kernel, seed 0: L = 2, 1.5 gradients per draw, the smallest
+    bulk ESS 362 over 4 chains: R-hat 1.014 from too few effective draws, not from a failed tuner."""
+    from ahmc.core.diagnostics import few_draws_hint
+
+    stats, _, _, config = simulate()  # 2 chains
+    history = tuning_history(stats, config=config)
+    assert few_draws_hint(history) is None  # no draws given
+    short = history._replace(slowest_square=(300.0, "tau", 150.0, 4000))
+    hint = few_draws_hint(short)
+    assert hint.startswith("the smallest bulk ESS of a coordinate is 150 over 2 chains, under 100 per chain")
+    trace = history.trace
+    steps = trace.num_integration_steps[~trace.is_warmup].mean()  # the draws' cost, after warm-up
+    assert f"at {steps:.1f} leapfrog steps per draw" in hint and "draw about 2x as many" in hint
+    assert 'objective="esjd"' in hint and f"Hint: {hint}" in tuning_summary(short)
+    assert "WARNING" not in tuning_summary(short)  # a run too short, not a failed tuner
+    assert few_draws_hint(history._replace(slowest_square=(300.0, "tau", 200.0, 4000))) is None
+
+
 def test_a_coordinate_the_chains_barely_explore_is_a_tuning_warning():
     """The issue's sds 1e-6 and 1e6 after a warm-up that missed the wide scale: ESS 7 of 4000 draws."""
     stats, _, _, config = simulate()
