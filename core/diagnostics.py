@@ -828,8 +828,11 @@ def _unmixed_chains(history: TuningHistory) -> str | None:
     if not rhat > MAX_RHAT:
         return None
     shown = f"{rhat:.3f}" if rhat < 100 else f"{rhat:.3g}"  # chains that each sat still: R-hat near inf
+    few = history.slowest_square is not None and history.slowest_square[2] < MIN_ESS_PER_CHAIN * num_chains
+    first = (" With under 100 effective draws per chain R-hat is itself uncertain: draw more first (the hint "
+             "below); if it stays above 1.01, give more warm-up." if few else " Draw more and give more warm-up.")
     return (f"R-hat {shown} for {name} over {num_chains} chains (above {MAX_RHAT}): the chains disagree about "
-            "it, so means, sds and intervals from these draws can be wrong. Draw more and give more warm-up. On a "
+            f"it, so means, sds and intervals from these draws can be wrong.{first} On a "
             "posterior far from Gaussian (hyperparameters of a Gaussian process or a hierarchy) the low-rank "
             "Fisher mass matrix (metric_recipe=\"fisher_low_rank\", the JAX routes' default up to d = 200) can "
             "set some scales several times below the posterior's, and tuned trajectories too short for them: on "
