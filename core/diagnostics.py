@@ -707,8 +707,8 @@ def few_draws_hint(history: TuningHistory) -> str | None:
     more = int(np.ceil(MIN_ESS_PER_CHAIN * num_chains / max(ess, 1.0)))
     return (f"the smallest bulk ESS of a coordinate is {ess:.0f} over {num_chains} chains, under "
             f"{MIN_ESS_PER_CHAIN} per chain: R-hat and the Monte Carlo errors are not reliable yet (Vehtari et al. "
-            f"2021; PyMC warns the same). The tuned arm maximizes ESS per gradient{cost}, so each draw is cheap and "
-            f"carries little: draw about {more}x as many (num_samples / draws), or give objective=\"esjd\" "
+            f"2021; PyMC warns the same). The arm is tuned for ESS per unit of computation{cost}, so each draw is "
+            f"cheap and carries little: draw about {more}x as many (num_samples / draws), or give objective=\"esjd\" "
             f"for longer trajectories, more ESS per draw and less per gradient (docs/benchmarks.md, \"Known "
             f"misses\").")
 
