@@ -82,7 +82,7 @@ def build_engine(
     # the GP (ahmc.core.config.GPConfig)
     capacity: int = _DEFAULT.gp.capacity, lengthscale: float = _DEFAULT.gp.lengthscale,
     noise_variance: float | None = _DEFAULT.gp.noise_variance, alpha: float = _DEFAULT.gp.alpha,
-    delta: float = _DEFAULT.gp.delta,
+    delta: float = _DEFAULT.gp.delta, initial_design: int = _DEFAULT.gp.initial_design,
     # how the chains run (the module's text)
     integrator: Callable = integrators.velocity_verlet, divergence_threshold: float = 1000.0,
     kernel: Callable | None = None,
@@ -123,7 +123,8 @@ def build_engine(
         auto_box, step_size_bounds, num_steps_bounds, factors, num_step_sizes, num_num_steps, log_step_size,
         max_integration_time, num_steps_cap, super_transitions, initial_arm)
     tuner = _gp_tuner(space, plan, initial_arm=initial_arm, capacity=capacity, lengthscale=lengthscale,
-                      noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, decay=decay)
+                      noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, decay=decay,
+                      initial_design=0 if warm_start is not None else initial_design)  # a snapshot's GP knows
     tuner_prior = _tuner_prior(tuner, warm_start, warm_start_weight)
     min_steps_fraction = check_min_steps_fraction(min_steps_fraction)
     config = EngineConfig(
@@ -147,9 +148,8 @@ def build_engine(
         config=config, logdensity_fn=logdensity_fn, chain_data=chain_data, plan=plan, kernel=chain_kernel,
         warmup=warmup, rounds=rounds, tuner=tuner, box0=box0, inverse_mass_matrix=inverse_mass_matrix,
         dense_mass=dense_mass, initial_step_size=1.0 if initial_step_size is None else initial_step_size,
-        use_center=use_center, round_end_fn=round_end_fn,
-        round_end_state=round_end_state, super_transitions=super_transitions,
-        buffer_length=int(super_transitions) if super_transitions else int(round_length), tuner_prior=tuner_prior)
+        use_center=use_center, round_end_fn=round_end_fn, round_end_state=round_end_state, tuner_prior=tuner_prior,
+        super_transitions=super_transitions, buffer_length=int(super_transitions or round_length))
     step = partial(_step, parts)
     return Engine(init=partial(initial_state, parts), step=step, parameters=partial(current_parameters, parts),
                   tuner=tuner, config=config, scan_draws=partial(scan_draws, parts, step))

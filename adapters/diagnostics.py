@@ -356,7 +356,7 @@ def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> 
         initial_arm=int(engine.tuner.init().arm),
         capacity=int(get("capacity")), lengthscale=float(get("lengthscale")),
         noise_variance=GPConfig(noise_variance=get("noise_variance")).resolved_noise_variance(one_chain_rounds=False), alpha=float(get("alpha")), delta=float(get("delta")),
-        schedule=str(get("schedule")), k=options.get("k"), decay=float(get("decay")),
+        initial_design=int(get("initial_design")), schedule=str(get("schedule")), k=options.get("k"), decay=float(get("decay")),
         dense_mass="auto" if isinstance(get("dense_mass"), str) else bool(get("dense_mass")),
     )
 

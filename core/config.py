@@ -133,9 +133,17 @@ class GPConfig:
     alpha: float = _option(8.0, "Scale of the mean, `s = alpha / |best reward|` (the paper's: 4; 8 explores less "
                                 "and measured 1.16x strict ESS per gradient, docs/decisions.md).")
     delta: float = _option(0.1, "Confidence of GP-UCB's `beta_i = 2 log(i^(d/2+2) pi^2 / (3 delta))`.")
+    initial_design: int = _option(
+        0, "The first GP rounds' arms spread over the box's `L` at the first arm's step size, before the UCB "
+           "chooses (an initial design, as Bayesian optimisation starts). 0: the UCB from the first round, the "
+           "paper's (docs/decisions.md, \"An initial design for the GP\").")
 
     def __post_init__(self):
         _positive("capacity", self.capacity, integer=True)
+        if not (isinstance(self.initial_design, numbers.Integral) and not isinstance(self.initial_design, bool)
+                and self.initial_design >= 0):
+            raise ValueError(f"initial_design must be a whole number >= 0 (0: no initial design); got "
+                             f"{self.initial_design!r}.")
         for name in ("lengthscale", "alpha"):
             _positive(name, getattr(self, name))
         _positive("noise_variance", self.noise_variance, allow_none=True)

@@ -111,6 +111,7 @@ class TuningConfig(NamedTuple):
     noise_variance: float = _CORE_DEFAULTS["noise_variance"]
     alpha: float = _CORE_DEFAULTS["alpha"]
     delta: float = _CORE_DEFAULTS["delta"]
+    initial_design: int = 0  # runs recorded before 2026-12-06 had none (their JSON lacks the key)
     schedule: str = _CORE_DEFAULTS["schedule"]
     k: int | None = None
     decay: float = _CORE_DEFAULTS["decay"]
@@ -516,6 +517,17 @@ def _k(config: TuningConfig, rows: RoundTable) -> int:
     return max(int(i.max()) if i.size else 1, 1)
 
 
+def _design_options(space, config: TuningConfig) -> dict:
+    """The replayed tuner's initial design: its arms sit at the recorded first arm's step size."""
+    if not config.initial_design:
+        return {}
+    first = None
+    if config.initial_arm is not None:
+        row, col = divmod(int(config.initial_arm), space.shape[1])
+        first = (float(space.step_sizes[row]), int(space.num_steps[col]))
+    return {"initial_design": int(config.initial_design), "initial_arm": first}
+
+
 def replay(history: TuningHistory, config=None, *, tuner: int = 0, dtype=None):
     """Replay one tuner's completed rounds into a fresh core tuner: ``(Tuner, TunerState)``.
 
@@ -534,7 +546,8 @@ def replay(history: TuningHistory, config=None, *, tuner: int = 0, dtype=None):
     rows = RoundTable(*(field[select] for field in history.rounds))
     core = gp_ucb(grid.space, capacity=int(config.capacity), lengthscale=float(config.lengthscale),
                   noise_variance=float(config.noise_variance), alpha=float(config.alpha), delta=float(config.delta),
-                  schedule=config.schedule, k=_k(config, rows), decay=float(config.decay))
+                  schedule=config.schedule, k=_k(config, rows), decay=float(config.decay),
+                  **_design_options(grid.space, config))
     state = core.init(dtype=np.dtype(dtype or history.float_dtype))
     weight = history.weight(tuner)
     previous, proposal, changed, previous_round = None, None, True, None

@@ -236,6 +236,7 @@ def gp_ucb(
     k: int = 100,
     decay: float = 0.01,
     freeze_after: int | None = None,
+    initial_design: int = 0,
 ) -> Tuner:
     """Build the annealed GP-UCB tuner of (step size, number of leapfrog steps).
 
@@ -269,6 +270,12 @@ def gp_ucb(
         ``"exponential"``: ``p_i = exp(-decay (i - 1))`` (thesis, ``decay`` = lambda).
     freeze_after
         If given, the arm never moves after this many rounds (0 = fixed arm).
+    initial_design
+        The first ``initial_design`` proposals go to arms spread evenly over
+        the ``L`` columns at the first arm's step size (an initial design, as
+        Bayesian optimisation starts; an arm visited already is left to the
+        UCB), so the GP sees short and long trajectories before it exploits.
+        0: the UCB from the first round (the paper's).
 
     Examples
     --------
@@ -294,6 +301,7 @@ def gp_ucb(
     _check_positive("decay", decay)
     if freeze_after is not None:
         _check_positive("freeze_after", freeze_after, integer=True, allow_zero=True)
+    _check_positive("initial_design", initial_design, integer=True, allow_zero=True)
     if initial_arm is None:
         first_arm = space.center_arm()
     else:
@@ -308,7 +316,7 @@ def gp_ucb(
     spec = _Spec(space=space, first_arm=first_arm, capacity=int(capacity), kernel=gp.grid_kernel(space, lengthscale),
                  noise_variance=noise_variance, alpha=alpha, delta=delta, schedule=schedule, k=k, decay=decay,
                  freeze_round=NEVER if freeze_after is None else int(freeze_after), num_eps=space.shape[0],
-                 num_l=space.shape[1])
+                 num_l=space.shape[1], design=_design_arms(space, first_arm, int(initial_design)))
     return Tuner(init=partial(_tuner_init, spec), update=partial(_tuner_update, spec), arm=partial(_tuner_arm, spec),
                  surrogate=partial(_tuner_surrogate, spec), space=space, settle=partial(_tuner_settle, spec),
                  record=partial(_tuner_record, spec), complete=partial(_tuner_complete, spec),
@@ -331,6 +339,15 @@ class _Spec(NamedTuple):
     freeze_round: int
     num_eps: int
     num_l: int
+    design: tuple = ()
+
+
+def _design_arms(space: SearchSpace, first_arm: int, count: int) -> tuple:
+    """``count`` arms at the first arm's step size, their ``L`` columns evenly spread (centred in ``count``
+    equal parts of the columns): :func:`gp_ucb`'s ``initial_design``."""
+    num_l = space.shape[1]
+    row = first_arm // num_l
+    return tuple(row * num_l + int(round((j + 0.5) / count * (num_l - 1))) for j in range(count))
 
 
 NEVER = np.iinfo(np.int32).max  # a round that never comes: no freeze; an eviction key that never wins
@@ -536,7 +553,8 @@ def _tuner_complete(spec: _Spec, state: TunerState, work: TunerWork, *, cond=Non
 
     def propose(operand):
         variance = _tuner_settled_variance(spec, buffer, operand, state.arm, pending_weight, xp, dtype)
-        acquisition = _tuner_acquisition(spec, buffer, variance, state.scale, work.adapt_probability, work.beta, xp, dtype)
+        acquisition = _tuner_acquisition(spec, buffer, variance, state.scale, work.adapt_probability, work.beta, xp, dtype,
+                                         state.round)
         return variance, xp.argmax(xp.reshape(acquisition, (-1,))).astype(xp.int32)
 
     if cond is None:
@@ -632,7 +650,7 @@ def _tuner_update_eager(spec: _Spec, state: TunerState, reward, uniform, weight)
     if is_adapting:
         variance = _tuner_settled_variance(spec, gp.compact(buffer), variance, arm, pending_weight, np, dtype)
         pending_weight = real(0.0)
-        acquisition = _tuner_acquisition(spec, gp.compact(buffer), variance, scale, p, beta, np, dtype)
+        acquisition = _tuner_acquisition(spec, gp.compact(buffer), variance, scale, p, beta, np, dtype, i)
         proposed = int(np.argmax(acquisition))
     next_arm = proposed if is_adapting else arm
 
@@ -653,9 +671,21 @@ def _tuner_update_eager(spec: _Spec, state: TunerState, reward, uniform, weight)
     )
     return new_state, info
 
-def _tuner_acquisition(spec: _Spec, buffer, variance, scale, p, beta, xp, dtype):
+def _tuner_acquisition(spec: _Spec, buffer, variance, scale, p, beta, xp, dtype, round_index):
+    """The UCB over the grid after round ``round_index``; in the initial design's rounds, its next arm on top
+    (unless visited: the buffer holds it)."""
     mean = gp.posterior_mean(buffer, spec.kernel, spec.noise_variance, xp, dtype)
-    return scale * mean + p * xp.sqrt(beta) * xp.sqrt(variance)
+    acquisition = scale * mean + p * xp.sqrt(beta) * xp.sqrt(variance)
+    if not spec.design:
+        return acquisition
+    design = xp.asarray(spec.design, dtype=xp.int32)
+    target = design[xp.clip(xp.asarray(round_index, dtype=xp.int32) - 1, 0, len(spec.design) - 1)]
+    visited = xp.any((buffer.arm == target) & (buffer.count > 0))
+    on_top = (xp.asarray(round_index) <= len(spec.design)) & ~visited
+    flat = xp.reshape(acquisition, (-1,))
+    top = xp.max(flat) + xp.asarray(1.0, dtype=flat.dtype)
+    flat = xp.where(on_top & (xp.arange(flat.shape[0]) == target), top, flat)
+    return xp.reshape(flat, acquisition.shape)
 
 def _tuner_arm(spec: _Spec, state: TunerState):
     """``(step_size, num_steps)`` of the current arm, as arrays."""

@@ -378,7 +378,7 @@ _PYMC_OPTIONS = ("step_size_bounds", "num_steps_bounds", "round_length", "object
                  "metric_fraction", "step_size_factors", "max_integration_time", "warmup_integration_time",
                  "num_steps_cap", "num_step_sizes", "exploit_after_warmup", "capacity", "lengthscale",
                  "noise_variance", "alpha", "delta", "min_steps_fraction", "dense_mass", "log_step_size",
-                 "warm_start_weight", "divergence_retry", "num_num_steps", "log_num_steps")
+                 "warm_start_weight", "divergence_retry", "num_num_steps", "log_num_steps", "initial_design")
 
 
 # Config options of the JAX routes only: refused here rather than ignored.
@@ -478,7 +478,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         Automatic box and metric-phase ``L`` (defaults as in the JAX engine).
     exploit_after_warmup : bool
         Start the draws from the arm maximising the GP mean.
-    capacity, lengthscale, noise_variance, alpha, delta
+    capacity, lengthscale, noise_variance, alpha, delta, initial_design
         Passed to :func:`ahmc.core.gp_ucb` (``capacity=64``: the GP update costs O(capacity^3)).
         ``noise_variance=0.5`` (the JAX engine and :class:`AdaptiveRMHMC`: 0.1): each chain has its own
         tuner, and one chain's 10-iteration round is a noisy reward.  Measured on Pima, the rewards of
@@ -537,7 +537,7 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
          max_integration_time, warmup_integration_time, num_steps_cap, num_step_sizes, exploit_after_warmup,
          capacity, lengthscale, noise_variance, alpha, delta, min_steps_fraction, dense_mass,
          log_step_size, warm_start_weight, divergence_retry, num_num_steps,
-         log_num_steps) = _pymc_tuning(tuning, kwargs, type(self).__name__)
+         log_num_steps, initial_design) = _pymc_tuning(tuning, kwargs, type(self).__name__)
         _check_step_options(type(self), kwargs)
         if not isinstance(pooled, (bool, np.bool_)):
             raise ValueError(f"pooled must be True or False; got {pooled!r}.")
@@ -557,7 +557,8 @@ class AdaptiveHMC(WarmStartMixin, BaseHMC):
         if num_steps_bounds is not None:
             search_space((1.0, 1.0), whole_number_pair("num_steps_bounds", num_steps_bounds))
         self._tuner_options = dict(capacity=capacity, lengthscale=lengthscale, noise_variance=noise_variance,
-                                   alpha=alpha, delta=delta, schedule=schedule, decay=decay)
+                                   alpha=alpha, delta=delta, schedule=schedule, decay=decay,
+                                   initial_design=0 if warm_start is not None else initial_design)
         gp_ucb(search_space((1.0, 1.0), (1, 1)), k=1 if k is None else k, **self._tuner_options)
         self._adapts_metric = bool(adapt_mass_matrix) and not ({"potential", "scaling"} & set(kwargs))
         if objective is None:  # one chain's rounds keep the paper's reward; pooled rounds the strict ESS

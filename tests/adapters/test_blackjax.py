@@ -216,6 +216,13 @@ def test_shared_num_steps_samples_the_target():
     assert abs(taken[sampling, 0].mean() / ((arm[sampling, 0] + 1) / 2).mean() - 1) < 0.1
 
 
+def test_an_initial_design_samples_the_target():
+    """initial_design=3 moves the warm-up's first GP arms only: the draws still agree with the truth."""
+    samples, info = run_chains(jax.random.key(46), ill_scaled_gaussian, initial_positions(47, 10), 1000, 2000,
+                               initial_design=3)
+    assert_moments_match(np.asarray(samples), np.zeros(10), np.asarray(ILL_SCALES))
+
+
 def test_independent_num_steps_samples_the_target():
     """shared_num_steps=False (the paper's setting): each chain draws its own L_t from {1..L}; exact."""
     scales, logdensity = ILL_SCALES, ill_scaled_gaussian

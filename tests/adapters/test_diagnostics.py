@@ -128,6 +128,28 @@ def test_blackjax_bad_box_replays_exactly_and_warns():
     assert "Widen the box" in text
 
 
+def test_an_initial_design_spreads_the_first_arms_over_l_and_replays_exactly():
+    """initial_design=3 (automatic box): GP rounds 2-4 run three arms at one step size, short to long L, and
+    the replayed tuner is still the engine's."""
+    pytest.importorskip("blackjax")
+    from ahmc.adapters.blackjax import gpucb_adaptation
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0])) ** 2)
+
+    options = {"initial_design": 3}
+    (_, _), info = gpucb_adaptation(logdensity, **options).run(jax.random.key(1), jnp.ones((2, 2)), 400)
+    history = history_from_blackjax(info, **options)
+    assert history.config.initial_design == 3
+    assert_matches_engine(replay(history), info.tuner_state)
+    trace = history.trace
+    rounds, steps, eps = trace.round[0], trace.num_steps[0], trace.step_size[0]
+    design = [(float(eps[rounds == r][0]), int(steps[rounds == r][0])) for r in (2, 3, 4)]
+    assert len({e for e, _ in design}) == 1  # one step size: the first arm's
+    lengths = [s for _, s in design]
+    assert lengths == sorted(lengths) and len(set(lengths)) == 3 and lengths[2] >= 4 * lengths[0]
+
+
 def test_blackjax_user_l_range_with_automatic_step_sizes_replays_exactly():
     """num_steps_bounds alone (the automatic step sizes around eps*): the diagnostics rebuild the same grid
     of arms from the run's box, so the replayed tuner is the engine's and the chosen arm is the run's."""

@@ -162,6 +162,8 @@ def test_arm_changes_only_when_adapting(space):
         (dict(schedule="linear"), "schedule"),
         (dict(k=0), "k must"),
         (dict(freeze_after=-1), "freeze_after"),
+        (dict(initial_design=-1), "initial_design"),
+        (dict(initial_design=1.5), "initial_design"),
         (dict(initial_arm=(0.0, 3)), "initial_arm"),
         (dict(initial_arm=0.1), "initial_arm"),
     ],
@@ -169,6 +171,25 @@ def test_arm_changes_only_when_adapting(space):
 def test_bad_config_raises(space, kwargs, match):
     with pytest.raises(ValueError, match=match):
         gp_ucb(space, **kwargs)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_initial_design_proposes_its_arms_first_then_the_ucb(space, lazy):
+    """initial_design=3: after rounds 1-3 the arm moves to three arms at the first arm's step size, spread over
+    the L columns (both update paths); a design arm the GP has seen is left to the UCB."""
+    tuner = gp_ucb(space, initial_design=3, k=50)
+    num_l = space.shape[1]
+    row = tuner.init().arm // num_l
+    design = [row * num_l + round((j + 0.5) / 3 * (num_l - 1)) for j in range(3)]
+    assert len({d % num_l for d in design}) == 3 and min(d % num_l for d in design) < num_l // 3
+    state = tuner.init()
+    for n in range(3):
+        state, info = tuner.update(state, 1.0 + 0.1 * n, 0.0, lazy=lazy)
+        assert int(info.next_arm) == design[n]
+    # a design arm visited before its turn is not proposed again
+    seen = tuner.init()._replace(arm=np.int32(design[0]))
+    seen, info = tuner.update(seen, 1.0, 0.0, lazy=lazy)
+    assert int(info.next_arm) != design[0]
 
 
 def test_space_must_be_a_search_space():
