@@ -703,16 +703,22 @@ def variance_hint(history: TuningHistory) -> str | None:
 MIN_ESS_PER_CHAIN = 100
 
 
+def _short_of_draws(history: TuningHistory, num_chains: int) -> bool:
+    """Whether the slowest coordinate's bulk ESS is under :data:`MIN_ESS_PER_CHAIN` per chain (False when the
+    draws were not given)."""
+    found = history.slowest_square
+    return found is not None and found[2] < MIN_ESS_PER_CHAIN * num_chains
+
+
 def few_draws_hint(history: TuningHistory) -> str | None:
     """A note that some coordinate's bulk ESS is under :data:`MIN_ESS_PER_CHAIN` per chain, with what draws
     cost here and how to get more ESS, else None.  ahmc's arms are short: a draw costs few gradients and
     carries less ESS than a NUTS draw (posteriordb's eight schools: 1.5-2.5 gradients and 0.09-0.21 ESS
     per draw against NUTS's 7-11 and 0.4-0.5), so a run of NUTS's draw count can fall short."""
-    found = history.slowest_square
     num_chains = history.trace.acceptance.shape[0]
-    if found is None or not found[2] < MIN_ESS_PER_CHAIN * num_chains:
+    if not _short_of_draws(history, num_chains):
         return None
-    ess = found[2]
+    ess = history.slowest_square[2]
     sampling = ~history.trace.is_warmup
     steps = history.trace.num_integration_steps[sampling] if sampling.any() else history.trace.num_integration_steps
     steps = steps[np.isfinite(steps)]
@@ -841,7 +847,7 @@ def _unmixed_chains(history: TuningHistory) -> str | None:
     if not rhat > MAX_RHAT:
         return None
     shown = f"{rhat:.3f}" if rhat < 100 else f"{rhat:.3g}"  # chains that each sat still: R-hat near inf
-    few = history.slowest_square is not None and history.slowest_square[2] < MIN_ESS_PER_CHAIN * num_chains
+    few = _short_of_draws(history, num_chains)
     first = (" With under 100 effective draws per chain R-hat is itself uncertain: draw more first (the hint "
              "below); if it stays above 1.01, give more warm-up." if few else " Draw more and give more warm-up.")
     return (f"R-hat {shown} for {name} over {num_chains} chains (above {MAX_RHAT}): the chains disagree about "
