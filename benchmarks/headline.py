@@ -212,7 +212,7 @@ def _tables(json_path, results: dict) -> str:
              "Strict ESS: min over coordinates of min(bulk ESS of x, of (x - mean)^2); per gradient with "
              "warm-up counted, per second of total wall time with compilation. Run µs/grad: the run's time "
              "without compilation over its gradients, beside the per-second peer's."
-             + earlier_note(results["environment"]), ""]
+             + earlier_note(results), ""]
     for route in ROUTES:
         lines += route_table(results, route)
     return "\n".join(lines).rstrip() + "\n"
@@ -231,13 +231,44 @@ def _command(command: str) -> str:
     return re.sub(r"\S*/benchmarks/results/", "benchmarks/results/", command)
 
 
-def earlier_note(env) -> str:
-    """The earlier invocations of a resumed run (``--resume``), whose finished runs the file keeps."""
-    earlier = env.get("earlier_invocations") or []
-    return "".join(
-        f" Resumed (`--resume`) from `{_command(item['command'])}` ({str(item['date_utc'])[:10]}, git "
-        f"{str(item['git_commit'])[:10]}{' dirty' if item.get('git_dirty') else ''}"
-        f"{', ' + item['cpu_model'] if item.get('cpu_model') else ''}), whose finished runs are kept." for item in earlier)
+def made_by(env) -> dict:
+    """Where and when a run record is made, kept in it (``record["made"]``): a file resumed over
+    several invocations (``--resume``) can then say which runs were timed on which machine and commit."""
+    return {key: env.get(key) for key in ("date_utc", "git_commit", "git_dirty", "cpu_model")}
+
+
+def earlier_note(results) -> str:
+    """For a file that keeps runs of earlier invocations (``--resume``): which runs each invocation made
+    (from ``record["made"]``), or, for records older than that field, the earlier invocations' commands."""
+    earlier = results["environment"].get("earlier_invocations") or []
+    if not earlier:
+        return ""
+    runs = [run for run in results.get("runs", []) if run.get("status") == "ok"]
+    if not runs or any("made" not in run for run in runs):
+        return "".join(
+            f" Resumed (`--resume`) from `{_command(item['command'])}` ({_origin(item)}), whose finished runs "
+            "are kept." for item in earlier)
+    groups: dict[str, list] = {}
+    for run in runs:
+        groups.setdefault(_origin(run["made"]), []).append(run)
+    parts = [f"{origin}: {_which_runs(group, runs)}" for origin, group in sorted(groups.items())]
+    return " Resumed (`--resume`) across invocations; the runs each made: " + "; ".join(parts) + "."
+
+
+def _origin(made: dict) -> str:
+    """``2026-12-05, git a7b10a693c dirty, Intel(R) Xeon(R) Processor``: date, commit, machine."""
+    return (f"{str(made.get('date_utc'))[:10]}, git {str(made.get('git_commit'))[:10]}"
+            f"{' dirty' if made.get('git_dirty') else ''}{', ' + made['cpu_model'] if made.get('cpu_model') else ''}")
+
+
+def _which_runs(group: list, runs: list) -> str:
+    """The models of ``group`` (a model whose runs it holds only in part: with those samplers)."""
+    names = []
+    for model in dict.fromkeys(run["model"] for run in group):
+        mine = [run["sampler"] for run in group if run["model"] == model]
+        every = [run["sampler"] for run in runs if run["model"] == model]
+        names.append(model if len(mine) == len(every) else f"{model} ({', '.join(mine)})")
+    return ", ".join(names)
 
 
 def _summary(json_path, results: dict) -> str:

@@ -378,7 +378,7 @@ def write_report(json_path: str | Path) -> Path:
         f"Command: `{env['command']}` ({env['date_utc']}, seed {env['seed']}, {settings['dtype']}, "
         f"{settings['num_chains']} chains per sampler except ChEES and MEADS), on {env['cpu_model']} with "
         f"{env['nproc']} CPU cores shared with other jobs; git {str(env['git_commit'])[:10]}. "
-        + (f"Total {_total_s(results) / 60:.0f} min.{earlier_note(env)}" if complete else
+        + (f"Total {_total_s(results) / 60:.0f} min.{earlier_note(results)}" if complete else
            "**The run was interrupted**: models not started: "
            f"{', '.join(not_started) or 'none'}; samplers that did not run are listed under each model."),
         "",

@@ -55,7 +55,7 @@ import numpy as np
 
 from .metrics import summarize
 from .models import MODELS, PYMC_MODEL_NAMES, get_model, initial_positions
-from .headline import earlier_note
+from .headline import earlier_note, made_by
 from .report import NUTS
 from .samplers import BY_NAME_SAMPLERS, DENSE_SAMPLERS, SAMPLERS
 
@@ -443,6 +443,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 keep=keep,
             )
             _release_compiled_code()
+            record["made"] = made_by(results["environment"])
             results["runs"].append(record)
             if "tuning" in keep and "tuning" not in results:  # the first AHMC tuning history, for the report
                 path = save_tuning(keep["tuning"], args.output)
@@ -502,7 +503,7 @@ def markdown_report(results: dict[str, Any]) -> str:
         f"git {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}. "
         + (f"Total {_total_s(results) / 60:.1f} min." if "total_elapsed_s" in results
          else "**Interrupted: the models below are those that finished.**")
-        + earlier_note(env),
+        + earlier_note(results),
         "",
         "ESS: ArviZ bulk ESS over all chains, per coordinate; min / median / max over coordinates. "
         "Per gradient = per leapfrog step of the sampling phase (paper's ESS/L); 'w/ warm-up' also counts "

@@ -403,7 +403,9 @@ def test_tiny_run_resumes_with_a_new_model(tmp_path):
         ("corr_gauss_2", "ahmc_blackjax"), ("corr_gauss_2", "blackjax_nuts")]
     assert results["runs"][:2] == first["runs"] and results["complete"]
     assert results["environment"]["earlier_invocations"][0]["command"] == env["command"]
-    assert "Resumed (`--resume`) from" in output.with_suffix(".md").read_text()
+    assert [run["made"]["date_utc"] for run in results["runs"]] == [env["date_utc"]] * 2 + [
+        results["environment"]["date_utc"]] * 2  # each run says which invocation made it
+    assert "Resumed (`--resume`) across invocations; the runs each made:" in output.with_suffix(".md").read_text()
 
 
 def test_resume_keeps_the_draws_note_of_a_model_it_keeps(tmp_path, jax_x64):
@@ -619,6 +621,32 @@ def test_the_tables_of_a_resumed_run_name_the_runs_they_keep(tmp_path):
     del results["environment"]["earlier_invocations"]
     path.write_text(json.dumps(results))
     assert "Resumed" not in headline.headline_markdown(path)
+
+
+def test_a_resumed_file_says_which_runs_each_invocation_made():
+    """Runs that carry where they were made (``record["made"]``) are grouped by it, oldest first; a
+    model whose runs two invocations made is named with each one's samplers."""
+    from benchmarks import headline
+
+    intel = {"date_utc": "2026-12-05T11:00", "git_commit": "a7b10a6930ff", "git_dirty": True, "cpu_model": "Intel"}
+    amd = headline.made_by({"date_utc": "2026-12-06T20:00", "git_commit": "6aa741a978ff", "git_dirty": False,
+                            "cpu_model": "AMD EPYC", "command": "not kept"})
+    assert amd == {"date_utc": "2026-12-06T20:00", "git_commit": "6aa741a978ff", "git_dirty": False,
+                   "cpu_model": "AMD EPYC"}
+
+    def run(model, sampler, made, status="ok"):
+        return {"model": model, "sampler": sampler, "status": status, "made": made}
+
+    results = {"environment": {"earlier_invocations": [{"command": "c", "date_utc": "2026-12-05"}]},
+               "runs": [run("pima", "nuts", amd), run("pima", "ahmc", amd), run("lgcp_64", "nuts", intel),
+                        run("lgcp_64", "ahmc", amd), run("lgcp_64", "nutpie", amd, status="skipped")]}
+    assert headline.earlier_note(results) == (
+        " Resumed (`--resume`) across invocations; the runs each made: 2026-12-05, git a7b10a6930 dirty, Intel: "
+        "lgcp_64 (nuts); 2026-12-06, git 6aa741a978, AMD EPYC: pima, lgcp_64 (ahmc).")
+    del results["runs"][2]["made"]  # a record from before runs kept their origin: the invocations instead
+    assert headline.earlier_note(results) == " Resumed (`--resume`) from `c` (2026-12-05, git None), whose finished runs are kept."
+    del results["environment"]["earlier_invocations"]  # one invocation made every run
+    assert headline.earlier_note(results) == ""
 
 
 def test_lgcp_model_matches_its_definition():
