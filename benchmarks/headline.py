@@ -251,7 +251,8 @@ def earlier_note(results) -> str:
     groups: dict[str, list] = {}
     for run in runs:
         groups.setdefault(_origin(run["made"]), []).append(run)
-    parts = [f"{origin}: {_which_runs(group, runs)}" for origin, group in sorted(groups.items())]
+    by_time = sorted(groups.items(), key=lambda item: min(str(run["made"].get("date_utc")) for run in item[1]))
+    parts = [f"{origin}: {_which_runs(group, runs)}" for origin, group in by_time]
     return " Resumed (`--resume`) across invocations; the runs each made: " + "; ".join(parts) + "."
 
 

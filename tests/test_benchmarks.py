@@ -624,14 +624,14 @@ def test_the_tables_of_a_resumed_run_name_the_runs_they_keep(tmp_path):
 
 
 def test_a_resumed_file_says_which_runs_each_invocation_made():
-    """Runs that carry where they were made (``record["made"]``) are grouped by it, oldest first; a
+    """Runs that carry where they were made (``record["made"]``) are grouped by it, in time order; a
     model whose runs two invocations made is named with each one's samplers."""
     from benchmarks import headline
 
-    intel = {"date_utc": "2026-12-05T11:00", "git_commit": "a7b10a6930ff", "git_dirty": True, "cpu_model": "Intel"}
-    amd = headline.made_by({"date_utc": "2026-12-06T20:00", "git_commit": "6aa741a978ff", "git_dirty": False,
+    intel = {"date_utc": "2026-12-05T11:00", "git_commit": "fa7b10a693ff", "git_dirty": True, "cpu_model": "Intel"}
+    amd = headline.made_by({"date_utc": "2026-12-05T20:00", "git_commit": "6aa741a978ff", "git_dirty": False,
                             "cpu_model": "AMD EPYC", "command": "not kept"})
-    assert amd == {"date_utc": "2026-12-06T20:00", "git_commit": "6aa741a978ff", "git_dirty": False,
+    assert amd == {"date_utc": "2026-12-05T20:00", "git_commit": "6aa741a978ff", "git_dirty": False,
                    "cpu_model": "AMD EPYC"}
 
     def run(model, sampler, made, status="ok"):
@@ -641,8 +641,8 @@ def test_a_resumed_file_says_which_runs_each_invocation_made():
                "runs": [run("pima", "nuts", amd), run("pima", "ahmc", amd), run("lgcp_64", "nuts", intel),
                         run("lgcp_64", "ahmc", amd), run("lgcp_64", "nutpie", amd, status="skipped")]}
     assert headline.earlier_note(results) == (
-        " Resumed (`--resume`) across invocations; the runs each made: 2026-12-05, git a7b10a6930 dirty, Intel: "
-        "lgcp_64 (nuts); 2026-12-06, git 6aa741a978, AMD EPYC: pima, lgcp_64 (ahmc).")
+        " Resumed (`--resume`) across invocations; the runs each made: 2026-12-05, git fa7b10a693 dirty, Intel: "
+        "lgcp_64 (nuts); 2026-12-05, git 6aa741a978, AMD EPYC: pima, lgcp_64 (ahmc).")  # by time, not by name
     del results["runs"][2]["made"]  # a record from before runs kept their origin: the invocations instead
     assert headline.earlier_note(results) == " Resumed (`--resume`) from `c` (2026-12-05, git None), whose finished runs are kept."
     del results["environment"]["earlier_invocations"]  # one invocation made every run
