@@ -49,15 +49,17 @@ def _option(default, doc: str):
     return field(default=default, metadata={"doc": doc})
 
 
-def _positive(name: str, value, *, integer: bool = False, allow_none: bool = False) -> None:
+def _positive(name: str, value, *, integer: bool = False, allow_none: bool = False, allow_zero: bool = False) -> None:
     if value is None and allow_none:
         return
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > 0 or (allow_zero and value == 0)))
     if integer:
         ok = ok and int(value) == value
     if not ok:
         kind = "a whole number" if integer else "a finite number"
-        raise ValueError(f"{name} must be {kind} > 0{' or None' if allow_none else ''}; got {value!r}.")
+        raise ValueError(f"{name} must be {kind} {'>=' if allow_zero else '>'} 0{' or None' if allow_none else ''}; "
+                         f"got {value!r}.")
 
 
 def _pair(name: str, value, *, integer: bool = False) -> tuple | None:
@@ -140,10 +142,7 @@ class GPConfig:
 
     def __post_init__(self):
         _positive("capacity", self.capacity, integer=True)
-        if not (isinstance(self.initial_design, numbers.Integral) and not isinstance(self.initial_design, bool)
-                and self.initial_design >= 0):
-            raise ValueError(f"initial_design must be a whole number >= 0 (0: no initial design); got "
-                             f"{self.initial_design!r}.")
+        _positive("initial_design", self.initial_design, integer=True, allow_zero=True)
         for name in ("lengthscale", "alpha"):
             _positive(name, getattr(self, name))
         _positive("noise_variance", self.noise_variance, allow_none=True)
