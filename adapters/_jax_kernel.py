@@ -25,7 +25,8 @@ from blackjax.util import generate_gaussian_noise
 from ahmc.core.retry import retry_log_acceptance
 from ahmc.core.space import min_num_steps
 
-__all__ = ["ChainKernel", "build_chain_kernel", "inverse_cholesky", "current_energy", "carried_metric", "TrajectoryInfo",
+__all__ = ["ChainKernel", "build_chain_kernel", "inverse_cholesky", "current_energy", "carried_metric", "finite_energy",
+           "finite_logdensity", "TrajectoryInfo",
            "MAX_STEP_BINS", "step_bin", "step_bin_widths", "trajectory_proposal", "Retry"]
 
 
@@ -66,6 +67,36 @@ def carried_metric(inverse_mass_matrix, whitening) -> metrics.Metric:
         return generate_gaussian_noise(rng_key, position, sigma=whitening.T)
 
     return base._replace(sample_momentum=sample_momentum)
+
+
+def finite_energy(metric) -> metrics.Metric:
+    """BlackJAX's metric (or the one ``default_metric`` makes of a matrix) with a kinetic energy that is
+    ``+inf`` wherever it is not finite, so that such a proposal is a divergence, never accepted.
+
+    A trajectory thrown far out overflows the momentum's quadratic form (in float32, NumPyro's
+    default, from about 1e19), and with a dense or low-rank matrix the overflow can come out as
+    ``-inf``; BlackJAX's acceptance test (``safe_energy_diff``) maps only NaN, so such a proposal was
+    accepted with probability one and the chain left for a point 1e32 below the mode, where the step
+    size then collapsed (one chain of eight schools in float32, 300 warm-up iterations)."""
+    base = metrics.default_metric(metric)
+
+    def kinetic_energy(momentum, position=None):
+        value = base.kinetic_energy(momentum, position)
+        return jnp.where(jnp.isfinite(value), value, jnp.inf)
+
+    return base._replace(kinetic_energy=kinetic_energy)
+
+
+def finite_logdensity(logdensity_fn: Callable) -> Callable:
+    """``logdensity_fn``, ``-inf`` wherever it is not finite: a proposal at ``+inf`` (a density's
+    singularity, in floating point) has energy ``-inf``, which BlackJAX's acceptance test would accept
+    with probability one, and the chain could never leave it.  With :func:`finite_energy` no
+    proposal's energy is ``-inf`` or NaN."""
+    def logdensity(*args):
+        value = logdensity_fn(*args)
+        return jnp.where(jnp.isfinite(value), value, -jnp.inf)
+
+    return logdensity
 
 
 class TrajectoryInfo(NamedTuple):
@@ -298,7 +329,7 @@ def build_chain_kernel(logdensity_fn: Callable, *, kernel: Callable | None, inte
 
     def target(*data):
         """The log density one chain targets (its own data, if any)."""
-        return logdensity_fn if not data else (lambda z: logdensity_fn(z, data[0]))
+        return finite_logdensity(logdensity_fn if not data else (lambda z: logdensity_fn(z, data[0])))
 
     def count_from(u, max_c):  # L_t = L_min + floor(u (L - L_min + 1))
         lowest = min_num_steps(max_c, min_steps_fraction, jnp)
@@ -329,6 +360,8 @@ def build_chain_kernel(logdensity_fn: Callable, *, kernel: Callable | None, inte
         # a user's kernel (RMHMC) gets the matrix as before.
         metric = (carried_metric(state.inverse_mass_matrix, state.whitening) if dense and kernel is None
                   else state.inverse_mass_matrix)
+        if kernel is None:
+            metric = finite_energy(metric)
 
         def one_chain(key, position, logdensity, grad, eps_c, max_c, sums_c, counts_c, *data):
             key_l, key_k = jax.random.split(key)

@@ -206,7 +206,8 @@ def build_rmhmc_kernel(
         steps_taken, end, converged, map_calls, metric_values = jax.lax.while_loop(
             keep_going, leapfrog, (zero, start, jnp.asarray(True), zero, zero))
         new_energy = -end.logdensity + metric.kinetic_energy(end.cache, -end.p)
-        delta = jnp.where(converged, safe_energy_diff(initial_energy, new_energy), -jnp.inf)
+        # A non-finite proposal energy (an overflow, a singular metric) is a divergence, never accepted.
+        delta = jnp.where(converged & jnp.isfinite(new_energy), safe_energy_diff(initial_energy, new_energy), -jnp.inf)
         proposal = hmc.HMCState(unravel(end.x), end.logdensity, unravel(end.grad))
         new_state, (accepted, p_accept, _) = static_binomial_sampling(key_accept, delta, state, proposal)
         # Cost units (module doc): metric.at at the start, then per step the position solve's

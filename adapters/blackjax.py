@@ -85,7 +85,7 @@ from ahmc.core.snapshot import TuningSnapshot, metric_name
 from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, build_engine
-from ._jax_kernel import Retry, trajectory_proposal
+from ._jax_kernel import Retry, finite_energy, finite_logdensity, trajectory_proposal
 from ._jax_run import _chain_data, _scan, compiled_init
 from ._jax_run import sample as _sample
 from ._jax_metrics import DEFAULT_SOFTABS_ALPHA, constant_metric, fisher_logistic_metric
@@ -207,9 +207,9 @@ def uniform_steps_hmc(
         return jax.random.randint(random_generator_arg, (), lowest, max_num_steps + 1)
 
     return blackjax.dynamic_hmc(
-        logdensity_fn,
+        finite_logdensity(logdensity_fn),  # a non-finite energy is a divergence, never accepted
         step_size,
-        inverse_mass_matrix,
+        finite_energy(inverse_mass_matrix),
         integration_steps_fn=integration_steps_fn,
         integration_steps_params=(jnp.asarray(num_integration_steps, jnp.int32),),
         **kwargs,
