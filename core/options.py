@@ -6,8 +6,22 @@ import difflib
 from collections.abc import Iterable
 
 
+# Options of NumPyro's, PyMC's and BlackJAX's NUTS that a user switching samplers brings along, and
+# what ahmc takes instead (the nearest name by spelling would mislead: ``step_size`` is not ``log_step_size``).
+FROM_NUTS = {
+    "step_size": "initial_step_size (dual averaging's first step size; the warm-up and GP-UCB tune it)",
+    "target_accept_prob": "target_acceptance_rate (dual averaging's target in the metric phase)",
+    "target_accept": "target_acceptance_rate (dual averaging's target in the metric phase)",
+    "max_tree_depth": "num_steps_cap (the largest number of leapfrog steps L; NUTS's depth 10 is 1024)",
+    "num_steps": "num_steps_bounds=(lo, hi) (GP-UCB picks L there; (L, L) fixes it)",
+    "trajectory_length": "max_integration_time (the automatic box's longest eps * L)",
+    "adapt_step_size": "step_size_bounds=(lo, hi) (GP-UCB tunes the step size there; (eps, eps) fixes it)",
+}
+
+
 def check_option_names(given: Iterable[str], valid: Iterable[str], owner: str) -> None:
-    """Raise ``ValueError`` for the first name in ``given`` that is not in ``valid``, suggesting the nearest.
+    """Raise ``ValueError`` for the first name in ``given`` that is not in ``valid``, suggesting the nearest
+    (for a NUTS option, :data:`FROM_NUTS`'s equivalent).
 
     ``owner`` names what took the options (``"AdaptiveHMC"``, ``"run_chains"``) in the message.
     """
@@ -15,6 +29,8 @@ def check_option_names(given: Iterable[str], valid: Iterable[str], owner: str) -
     for name in given:
         if name in valid:
             continue
+        if name in FROM_NUTS:
+            raise ValueError(f"{owner}: unknown option {name!r} (a NUTS option); use {FROM_NUTS[name]}.")
         close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else f". Valid options: {', '.join(valid)}."
         raise ValueError(f"{owner}: unknown option {name!r}{hint}")

@@ -59,6 +59,10 @@ BAD = [
      r"num_steps_bounds must be a pair of whole numbers.*\(0\.5, 10\)"),
     ({"divergence_retry": 1}, r"divergence_retry must be a whole number >= 2 .* or None \(off\); got 1"),
     ({"divergence_retry": 2.5}, r"divergence_retry must be a whole number >= 2 .*; got 2\.5"),
+    # a NUTS user's options name ahmc's equivalent, not the nearest spelling ('log_step_size')
+    ({"step_size": 0.1}, r"unknown option 'step_size' \(a NUTS option\); use initial_step_size"),
+    ({"target_accept_prob": 0.9}, r"'target_accept_prob' \(a NUTS option\); use target_acceptance_rate"),
+    ({"max_tree_depth": 8}, r"'max_tree_depth' \(a NUTS option\); use num_steps_cap"),
 ]
 
 
