@@ -15,7 +15,8 @@ FROM_NUTS = {
     "max_tree_depth": "num_steps_cap (the largest number of leapfrog steps L; NUTS's depth 10 is 1024)",
     "num_steps": "num_steps_bounds=(lo, hi) (GP-UCB picks L there; (L, L) fixes it)",
     "trajectory_length": "max_integration_time (the automatic box's longest eps * L)",
-    "adapt_step_size": "step_size_bounds=(lo, hi) (GP-UCB tunes the step size there; (eps, eps) fixes it)",
+    "adapt_step_size": "step_size_bounds=(lo, hi) with num_steps_bounds=(lo, hi) (GP-UCB tunes eps and L in "
+                       "that box; (eps, eps) fixes the step size)",
 }
 
 
