@@ -145,12 +145,13 @@ def lost_chains(window: WindowStats, logdensity=None, remaining=None):
 
 
 def _warn_if_lost(operand, compare_chains=True):
-    """End of warm-up: warn (host callback) about chains far below the others, or stuck, over the last window."""
-    window, logdensity, now, step_size = operand
+    """End of warm-up: warn (host callback) about chains far below the others, or stuck, over the last window,
+    and about a step size that grew without bound or collapsed."""
+    window, logdensity, now, step_size, whitened_step_size = operand
     count = jnp.maximum(window.count, 1).astype(window.logdensity.dtype)
     lost = far_below(window, logdensity) if compare_chains else jnp.zeros(window.logdensity.shape, bool)
     jax.debug.callback(_warn_host, *replicated((lost, window.acceptance / count, window.logdensity / count)),
-                       now, step_size)
+                       now, step_size, whitened_step_size)
 
 
 def _step_in_parameter_units(da_state, inverse_mass_matrix):
@@ -171,7 +172,19 @@ IMPROPER_MESSAGE = (
     "parameter a proper prior, or check that the data enter the likelihood.")
 
 
-def _warn_host(lost, acceptance, mean_logdensity, now=True, step_size=1.0):
+#: A warm-up step size (in the mass matrix's units, where the posterior's scales are about 1) below this
+#: moves a chain less than 1e-3 of a standard deviation per iteration even at the largest L: it has collapsed.
+COLLAPSED_STEP_SIZE = 1e-6
+
+COLLAPSED_MESSAGE = (
+    "ahmc: the warm-up's step size collapsed to {eps:.2g} (in the mass matrix's units, where the posterior's "
+    "scales are about 1): the chains barely move, and their draws represent no posterior. A chain may sit where "
+    "every step diverges (a funnel's neck: reparametrize, e.g. non-centred) or where the log density or its "
+    "gradient is not finite. Check R-hat and the divergences, start the chains elsewhere (init_params / initial "
+    "positions), or give step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi).")
+
+
+def _warn_host(lost, acceptance, mean_logdensity, now=True, step_size=1.0, whitened_step_size=1.0):
     if not np.all(now):  # a vmapped cond runs this branch at every iteration: only the last one counts
         return
     eps = np.asarray(step_size, dtype=float).reshape(-1)
@@ -179,6 +192,9 @@ def _warn_host(lost, acceptance, mean_logdensity, now=True, step_size=1.0):
         warnings.warn(IMPROPER_MESSAGE.format(eps=float(np.nanmax(np.where(np.isfinite(eps), eps, np.inf)))),
                       UserWarning, stacklevel=2)
         return
+    whitened = np.asarray(whitened_step_size, dtype=float).reshape(-1)
+    if np.any(whitened < COLLAPSED_STEP_SIZE):
+        warnings.warn(COLLAPSED_MESSAGE.format(eps=float(np.min(whitened))), UserWarning, stacklevel=2)
     lost, acceptance = np.asarray(lost, bool).reshape(-1), np.asarray(acceptance).reshape(-1)
     mean_logdensity = np.asarray(mean_logdensity).reshape(-1)
     stuck = acceptance < STUCK_ACCEPTANCE
@@ -571,7 +587,8 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         warmup_ends = it == plan.num_warmup - 1
         if plan.num_warmup > 0:
             jax.lax.cond(warmup_ends, partial(_warn_if_lost, compare_chains=compare_chains), lambda operand: None,
-                         (window, ld, warmup_ends, _step_in_parameter_units(da_state, state.inverse_mass_matrix)))
+                         (window, ld, warmup_ends, _step_in_parameter_units(da_state, state.inverse_mass_matrix),
+                          jnp.exp(da_state.log_step_size_avg)))
         window = jax.tree.map(lambda fresh, w: jnp.where(is_check_now | warmup_ends, fresh, w),
                               window_state(window.logdensity.shape[0], dtype), window)
         # after warm-up the window is read by nothing: it stays as warm-up left it (as the sampling phase does)

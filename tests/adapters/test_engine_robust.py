@@ -134,6 +134,18 @@ def test_stuck_chain_warning_names_the_chain():
         _warn_host(np.zeros(3, bool), np.array([0.8, 0.7, 0.6]), np.zeros(3))
 
 
+def test_a_collapsed_step_size_is_reported():
+    """A step size that collapsed (the chains accept everything and move nowhere: no stuck-chain warning would
+    fire) is named, with its causes; an ordinary one is not. Before non-finite energies were rejected one
+    float32 chain of eight schools ended warm-up at 6.6e-11, all its draws at one point, in silence."""
+    accepting = (np.zeros(2, bool), np.array([1.0, 1.0]), np.zeros(2))
+    with pytest.warns(UserWarning, match=r"step size collapsed to 6\.6e-11 .* barely move"):
+        _warn_host(*accepting, True, 6.6e-11, 6.6e-11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_host(*accepting, True, 1e-4, 0.3)  # tiny scales, ordinary step: the metric absorbed the scale
+
+
 def test_early_warmup_ignores_a_trapped_chain_and_caps_the_trajectories():
     """Before the first mass-matrix window closes, the pooled dual averaging follows the median chain
     and L = ceil(T_w / eps) is capped at EARLY_MAX_STEPS.  With the mean, the chain on the bump (width
