@@ -11,7 +11,6 @@ returns these as functions of the engine's state; the engine decides when a roun
 
 from __future__ import annotations
 
-import warnings
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -26,6 +25,7 @@ from ahmc.core.space import grid_num_steps, min_num_steps
 
 from ._jax_kernel import step_bin_widths
 from ._jax_types import EngineState
+from ._jax_warmup import warn_from_compiled
 
 __all__ = ["Rounds", "advance_round", "build_rounds", "TrajectoryRoundStats", "trajectory_jump_estimate"]
 
@@ -60,7 +60,7 @@ def _warn_nonfinite_reward(flag):
 def _warn_nonfinite_reward_host(flag=True):
     if not np.any(flag):
         return
-    warnings.warn(NONFINITE_REWARD_MESSAGE, UserWarning, stacklevel=2)
+    warn_from_compiled(NONFINITE_REWARD_MESSAGE)
 
 
 class Rounds(NamedTuple):

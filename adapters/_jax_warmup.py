@@ -15,6 +15,7 @@ dual-averaging step size (:func:`ahmc.core.schedule.automatic_box`).
 
 from __future__ import annotations
 
+import logging
 import warnings
 from functools import partial
 from typing import Any, Callable, NamedTuple
@@ -184,17 +185,32 @@ COLLAPSED_MESSAGE = (
     "positions), or give step_size_bounds=(lo, hi) and num_steps_bounds=(lo, hi).")
 
 
+_log = logging.getLogger("ahmc")
+
+
+def warn_from_compiled(message: str) -> None:
+    """``warnings.warn(message)`` from a host callback inside a compiled run.
+
+    A warnings filter that turns the warning into an error (``-W error``, pytest's ``filterwarnings =
+    error``) cannot stop the run cleanly from there: the exception aborts the compiled program (JAX reports
+    an internal error) and every draw of the run is lost. Under such a filter the message goes to the
+    ``ahmc`` logger instead, and the run finishes."""
+    try:
+        warnings.warn(message, UserWarning, stacklevel=3)
+    except Warning:
+        _log.warning(message)
+
+
 def _warn_host(lost, acceptance, mean_logdensity, now=True, step_size=1.0, whitened_step_size=1.0):
     if not np.all(now):  # a vmapped cond runs this branch at every iteration: only the last one counts
         return
     eps = np.asarray(step_size, dtype=float).reshape(-1)
     if np.any(~np.isfinite(eps) | (eps > FLAT_STEP_SIZE)):
-        warnings.warn(IMPROPER_MESSAGE.format(eps=float(np.nanmax(np.where(np.isfinite(eps), eps, np.inf)))),
-                      UserWarning, stacklevel=2)
+        warn_from_compiled(IMPROPER_MESSAGE.format(eps=float(np.nanmax(np.where(np.isfinite(eps), eps, np.inf)))))
         return
     whitened = np.asarray(whitened_step_size, dtype=float).reshape(-1)
     if np.any(whitened < COLLAPSED_STEP_SIZE):
-        warnings.warn(COLLAPSED_MESSAGE.format(eps=float(np.min(whitened))), UserWarning, stacklevel=2)
+        warn_from_compiled(COLLAPSED_MESSAGE.format(eps=float(np.min(whitened))))
     lost, acceptance = np.asarray(lost, bool).reshape(-1), np.asarray(acceptance).reshape(-1)
     mean_logdensity = np.asarray(mean_logdensity).reshape(-1)
     stuck = acceptance < STUCK_ACCEPTANCE
@@ -207,13 +223,11 @@ def _warn_host(lost, acceptance, mean_logdensity, now=True, step_size=1.0, white
     if stuck.any():
         parts.append(f"chain(s) {np.flatnonzero(stuck).tolist()} accepted almost no proposals "
                      f"(mean acceptance {np.round(acceptance, 3).tolist()})")
-    warnings.warn(
+    warn_from_compiled(
         "ahmc: at the end of warm-up " + "; ".join(parts) + ". Such a chain is stuck (e.g. in a "
         "negligible-mass local mode) and its draws do not represent the posterior: check R-hat, start the "
         "chains elsewhere (init_params / initial positions), run more warm-up, or use 3+ chains so that "
-        "the warm-up can restart lost chains.",
-        UserWarning, stacklevel=2,
-    )
+        "the warm-up can restart lost chains.")
 
 
 class SearchBox(NamedTuple):

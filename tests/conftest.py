@@ -1,6 +1,7 @@
 """Shared pytest fixtures, one JAX compilation cache for the whole test session, and a cap on how
 many compiled programs a test worker keeps alive."""
 
+import logging
 import os
 import shutil
 import tempfile
@@ -79,6 +80,29 @@ def _free_compiled_programs():
         from benchmarks.run import free_compiled_programs  # what the benchmark does after every run
 
         free_compiled_programs()
+
+
+class _Messages(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_a_nonfinite_reward():
+    """pyproject.toml's filter makes the non-finite-reward warning an error. Raised from inside a compiled
+    run, that error would abort the run, so the JAX routes log the message to the ``ahmc`` logger instead
+    (``ahmc.adapters._jax_warmup.warn_from_compiled``): such a message fails the test as the error does."""
+    handler, logger = _Messages(), logging.getLogger("ahmc")
+    logger.addHandler(handler)
+    yield
+    logger.removeHandler(handler)
+    logged = [m for m in handler.messages if m.startswith("ahmc: a round's reward was not finite")]
+    if logged:
+        pytest.fail(f"a run's rewards were not finite (logged from the compiled run): {logged[0]}")
 
 
 @pytest.fixture
