@@ -186,7 +186,7 @@ def _step(parts: EngineParts, rng_key, state: EngineState, sampling: bool = Fals
                                                           ~in_metric_phase)
     if sampling:  # the warm-up adaptation is done: its state carries over unchanged
         warm = WarmupState(state.step_size_adaptation, state.mass_matrix_adaptation, state.inverse_mass_matrix,
-                           state.whitening, state.center, state.box, state.window)
+                           state.whitening, state.center, state.box, state.window, state.step_size_search)
         lost = jnp.zeros((num_chains,), bool)
         flat_new = jax.vmap(lambda p: ravel_pytree(p)[0])(new.position)
     else:

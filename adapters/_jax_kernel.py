@@ -293,11 +293,9 @@ def _retry_verdict(key, start, start_energy, fine, fine_energy, ghost_energy, fi
 
 
 class ChainKernel(NamedTuple):
-    """``step``: every chain's transition (:func:`build_chain_kernel`); ``base``: BlackJAX's one-chain HMC kernel
-    (or the user's), ``(rng_key, HMCState, logdensity_fn, step_size, inverse_mass_matrix, num_steps)``."""
+    """``step``: every chain's transition (:func:`build_chain_kernel`)."""
 
     step: Callable
-    base: Callable
 
 
 _CHAINS = "chains"  # the name of the chains' vmap axis: a retry's loop runs on while any chain retries
@@ -307,8 +305,7 @@ def build_chain_kernel(logdensity_fn: Callable, *, kernel: Callable | None, inte
                        divergence_threshold: float, min_steps_fraction: float, shared_num_steps: bool,
                        sequential_chains: bool, by_trajectory: bool, retry_factor: int | None = None) -> "ChainKernel":
     """The chains' transition ``(rng_key, state, step_size, max_steps, common_max, chain_data) -> (new, info, num,
-    retried)``,
-    and the one-chain kernel it applies (``base``, for the initial step-size search).
+    retried)``.
 
     ``state`` holds the chains' ``position``, ``logdensity``, ``logdensity_grad`` (leading chain
     axis), ``inverse_mass_matrix``, ``whitening`` and, with ``by_trajectory``, the round's
@@ -391,4 +388,4 @@ def build_chain_kernel(logdensity_fn: Callable, *, kernel: Callable | None, inte
                           else jax.vmap(one_chain, axis_name=_CHAINS)(*chain_args))
         return new, info, num, info.retried if own_proposal else jnp.zeros((num_chains,), bool)
 
-    return ChainKernel(transitions, hmc_kernel)
+    return ChainKernel(transitions)

@@ -463,7 +463,7 @@ def advance_round(parts: Any, key_tuner, state, new, stats, warm, arm_l, in_metr
         tuner=tuner_state, round_stats=stats, adapt_probability=p, inverse_mass_matrix=warm.inverse_mass_matrix,
         box=warm.box, step_size_adaptation=warm.step_size_adaptation,
         mass_matrix_adaptation=warm.mass_matrix_adaptation, window=warm.window, center=warm.center,
-        whitening=warm.whitening)
+        whitening=warm.whitening, step_size_search=warm.step_size_search)
     round_index = jnp.where(in_metric_phase, 0, since_gp // plan.round_length + 1).astype(jnp.int32)
     is_warmup = it < plan.num_warmup
     if hook or super_transitions:

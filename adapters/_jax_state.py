@@ -1,4 +1,4 @@
-"""The JAX engine's initial state: the chains' densities, metric, tuner, box and first step size.
+"""The JAX engine's initial state: the chains' densities, metric, tuner, box and step-size search.
 
 :func:`initial_state` is :func:`ahmc.adapters._jax_engine.build_engine`'s ``init`` (bound to the engine's
 resolved parts); it checks the start's density before anything else.  :func:`current_parameters` is its
@@ -13,15 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-import blackjax.mcmc.hmc as hmc
-from blackjax.adaptation.step_size import find_reasonable_step_size
-
 from ahmc.core.schedule import warmup_num_steps
 from ahmc.core.space import WARMUP_MAX_STEPS
 
 from ._jax_kernel import inverse_cholesky
 from ._jax_setup import _check_finite, _check_positions, _initial_metric
 from ._jax_types import EngineState, SearchBox
+from ._jax_warmup import StepSizeSearch
 
 __all__ = ["initial_state", "current_parameters"]
 
@@ -45,24 +43,19 @@ def initial_state(parts: Any, positions, rng_key=None) -> EngineState:
         tuner_state = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_chains, *x.shape)), tuner_state)
     box = SearchBox(jnp.asarray(parts.box0[0], dtype), jnp.asarray(parts.box0[1], jnp.int32))
     eps0 = jnp.asarray(parts.initial_step_size, dtype)
-    # A warm start's eps* was adapted for this metric already (and checked): no search from it.
+    # The warm-up's first iterations search for a step size from eps0 (a warm start's eps* was adapted
+    # for this metric already, and checked: no search from it).
+    search = None
     if parts.plan.metric_phase_length > 0 and parts.tuner_prior is None:
-        key = jax.random.key(0) if rng_key is None else rng_key
-        first = jax.tree.map(lambda x: x[0], (positions, grad, data))
-        ref = hmc.HMCState(first[0], logdensity[0], first[1])
-        chain0 = parts.logdensity_fn if not data else (lambda z: parts.logdensity_fn(z, first[2][0]))
-
-        def kernel_generator(eps):
-            return lambda key, state: parts.kernel.base(key, state, chain0, eps, imm, 1)
-
-        eps0 = find_reasonable_step_size(key, kernel_generator, ref, eps0, parts.config.target_acceptance_rate)
+        search = StepSizeSearch(jnp.asarray(True), jnp.asarray(0, jnp.int32))
     warmup = parts.warmup
     return EngineState(
         position=positions, logdensity=logdensity, logdensity_grad=grad, iteration=jnp.asarray(0, jnp.int32),
         tuner=tuner_state, round_stats=parts.rounds.fresh(num_chains, dtype), inverse_mass_matrix=imm, box=box,
         step_size_adaptation=warmup.step_size_state(eps0), mass_matrix_adaptation=warmup.mass_matrix_state(dim, dtype, dense, num_chains),
         adapt_probability=jnp.asarray(1.0, dtype), window=warmup.window_state(num_chains, dtype),
-        whitening=inverse_cholesky(imm) if dense else None, **_round_buffers(parts, positions, tuner_state, box, rng_key))
+        whitening=inverse_cholesky(imm) if dense else None, step_size_search=search,
+        **_round_buffers(parts, positions, tuner_state, box, rng_key))
 
 
 def _round_buffers(parts: Any, positions, tuner_state, box, rng_key) -> dict:

@@ -46,6 +46,11 @@ class EngineState(NamedTuple):
 
     whitening : float, (D, D)            inverse Cholesky factor of ``inverse_mass_matrix``: the
                                          reward measures jumps as ``whitening @ x``
+
+    Only when the warm-up searches for its first step size (a metric phase, no warm start; ``None``
+    otherwise):
+
+    step_size_search : StepSizeSearch    the initial step-size search's progress (its first iterations)
     """
 
     position: Any
@@ -66,6 +71,7 @@ class EngineState(NamedTuple):
     round_end_state: Any = None
     center: Any = None
     whitening: Any = None
+    step_size_search: Any = None
 
 
 class EngineInfo(NamedTuple):

@@ -7,7 +7,8 @@ mean log density over the window is far below the median chain's, still is at th
 not climb (trapped in a region of negligible mass) restarts from another chain's position
 (``restart_lost_chains``; 3+ chains), since the pooled dual averaging would otherwise follow it
 down to a useless step size.  At the metric phase's last iteration the search box is set from the
-dual-averaging step size (:func:`ahmc.core.schedule.automatic_box`).
+dual-averaging step size (:func:`ahmc.core.schedule.automatic_box`).  Dual averaging starts where the
+phase's first iterations' step-size search (:func:`search_step_size`) stopped.
 
 :func:`build_warmup` returns the adaptation as ``init`` (its state for the chains' start) and
 ``update`` (one iteration, after the transition); the sampling phase does not trace it.
@@ -34,8 +35,8 @@ from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, metri
 from ._jax_kernel import inverse_cholesky
 from ._jax_sharding import chain_median, replicated
 
-__all__ = ["WindowStats", "WarmupState", "Warmup", "build_warmup", "far_below", "climbing", "lost_chains",
-           "pooled_acceptance", "EARLY_MAX_STEPS", "ScaleMoments", "MetricAdaptation", "rescue_scales"]
+__all__ = ["WindowStats", "WarmupState", "StepSizeSearch", "search_step_size", "Warmup", "build_warmup", "far_below",
+           "climbing", "lost_chains", "pooled_acceptance", "EARLY_MAX_STEPS", "ScaleMoments", "MetricAdaptation", "rescue_scales"]
 
 
 class WindowStats(NamedTuple):
@@ -241,6 +242,17 @@ class SearchBox(NamedTuple):
     num_steps: Any
 
 
+class StepSizeSearch(NamedTuple):
+    """The initial step-size search's progress (:func:`search_step_size`).
+
+    active : bool, ()        the search still runs (its iterations take one leapfrog step)
+    direction : int32, ()    +1 while the step size doubles, -1 while it halves, 0 before the first result
+    """
+
+    active: Any
+    direction: Any
+
+
 class WarmupState(NamedTuple):
     """What one warm-up iteration changes besides the chains (the engine state's fields of the same names)."""
 
@@ -251,6 +263,7 @@ class WarmupState(NamedTuple):
     center: Any
     box: SearchBox
     window: WindowStats
+    step_size_search: Any = None
 
 
 class Warmup(NamedTuple):
@@ -516,6 +529,58 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
     return mass_matrix_state, adapt_metric
 
 
+def search_step_size(search: StepSizeSearch, da_state, acceptance, target, step_size_state):
+    """One iteration of the initial step-size search: ``(dual-averaging state, StepSizeSearch)``.
+
+    Hoffman and Gelman's heuristic (BlackJAX's ``find_reasonable_step_size``), run by the warm-up's own
+    one-leapfrog-step transitions instead of a separate compiled search: the step size doubles while the
+    chains' acceptance is above ``target`` and halves while it is below; when it crosses, the search ends and
+    dual averaging starts from the step size just tried. The search's transitions are the chains' first
+    moves (Metropolis-corrected), which bring them toward the posterior's bulk. A step size beyond
+    ``FLAT_STEP_SIZE`` ends the search at ``inf``, where BlackJAX's search ends on a flat density (every step
+    accepted): no chain moves from then on, and the end-of-warm-up check names the cause (doubling on to the
+    float range's end moved the chains by 1e38 and overflowed the rewards). Halving ends at the float
+    range's smallest normal number.
+    """
+    eps = jnp.exp(da_state.log_step_size)
+    direction = jnp.where(acceptance > target, 1, -1).astype(search.direction.dtype)
+    crossed = (search.direction != 0) & (direction != search.direction)
+    next_eps = jnp.where(crossed, eps, eps * jnp.where(direction > 0, 2.0, 0.5).astype(eps.dtype))
+    flat = (direction > 0) & (next_eps > FLAT_STEP_SIZE)
+    next_eps = jnp.where(flat, jnp.inf, next_eps)
+    extreme = flat | ((direction < 0) & (next_eps <= jnp.finfo(eps.dtype).tiny))
+    go_on = ~crossed & ~extreme
+    return step_size_state(next_eps), StepSizeSearch(go_on, jnp.where(go_on, direction, 0).astype(direction.dtype))
+
+
+def _step_size_adaptation(metric_phase: int, target_acceptance_rate: float, step_size_state: Callable):
+    """``(searching, adapt)``: whether an iteration is the initial step-size search's, and the step size's update
+    after an iteration (the search while it runs, then BlackJAX's dual averaging, in the metric phase)."""
+    _, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
+
+    def searching(state):
+        """This iteration is the step-size search's (a one-leapfrog-step transition at the search's step size)."""
+        if state.step_size_search is None:
+            return jnp.asarray(False)
+        return state.step_size_search.active & (state.iteration < metric_phase)
+
+    def adapt(state, acceptance, in_metric_phase):
+        """Dual averaging in the metric phase, after the initial step-size search (while it runs, the search)."""
+        da_state, search = state.step_size_adaptation, state.step_size_search
+        averaged = jax.tree.map(lambda a, b: jnp.where(in_metric_phase, a, b), da_update(da_state, acceptance),
+                                da_state)
+        if search is None:  # a warm start's step size, or no metric phase
+            return averaged, None
+        now = searching(state)
+        searched, next_search = search_step_size(search, da_state, acceptance, target_acceptance_rate,
+                                                 step_size_state)
+        da_state = jax.tree.map(lambda a, b: jnp.where(now, a, b), searched, averaged)
+        return da_state, jax.tree.map(lambda a, b: jnp.where(now, a, b), next_search,
+                                      StepSizeSearch(jnp.asarray(False), jnp.zeros_like(search.direction)))
+
+    return searching, adapt
+
+
 def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_integration_time: float,
                  warmup_max_steps: int, recipe: str, use_center: bool, restart_lost_chains: bool,
                  compare_chains: bool, auto_box: bool, user_num_steps: bool, step_size_factors: tuple,
@@ -526,7 +591,7 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
     ``user_num_steps``: the box's ``L`` range is the user's (only ``eps`` follows ``eps*``);
     ``box_max_steps``: a cap on the automatic ``L`` (a super-transition's budget).
     """
-    da_init_raw, da_update, _ = dual_averaging_adaptation(target_acceptance_rate)
+    da_init_raw = dual_averaging_adaptation(target_acceptance_rate)[0]
     metric_phase = plan.metric_phase_length
     is_check = jnp.asarray(plan.is_check)
 
@@ -536,6 +601,7 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         s = da_init_raw(eps)
         return type(s)(*(jnp.asarray(v, jnp.int32 if i == 2 else eps.dtype) for i, v in enumerate(s)))
 
+    searching, adapt_step_size = _step_size_adaptation(metric_phase, target_acceptance_rate, step_size_state)
     mass_matrix_state, adapt_metric = _build_metric(plan, recipe=recipe, use_center=use_center,
                                                     step_size_state=step_size_state)
 
@@ -549,7 +615,8 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         warm_eps = jnp.exp(state.step_size_adaptation.log_step_size).astype(dtype)
         early = state.iteration <= plan.first_window_end
         cap = metric_phase_max_steps(plan, state.iteration, warmup_max_steps, jnp)
-        return warm_eps, warmup_num_steps(warm_eps, warmup_integration_time, cap, jnp), early
+        num_steps = warmup_num_steps(warm_eps, warmup_integration_time, cap, jnp)
+        return warm_eps, jnp.where(searching(state), 1, num_steps), early  # the search's: one leapfrog step
 
     def accumulate(window, logdensity, accept):
         """Per-chain window sums for the chain checks and the end-of-warm-up warning."""
@@ -592,9 +659,7 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         in_metric_phase = it < metric_phase
         ld = new.logdensity.astype(dtype)
         window = accumulate(state.window, ld, accept)
-        da_state = state.step_size_adaptation
-        da_state = jax.tree.map(lambda a, b: jnp.where(in_metric_phase, a, b),
-                                da_update(da_state, pooled_acceptance(accept, early)), da_state)
+        da_state, search = adapt_step_size(state, pooled_acceptance(accept, early), in_metric_phase)
         phase_it = jnp.minimum(it, is_check.shape[0] - 1)
         is_check_now = in_metric_phase & is_check[phase_it]
         new, da_state, lost = restart_lost(rng_key, new, ld, window, da_state, it, is_check_now)
@@ -612,6 +677,6 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
         mm_state, imm, da_state, center, whitening = adapt_metric(state, flat_new, flat_grad, da_state,
                                                                   in_metric_phase, phase_it)
         box = search_box(state, da_state)
-        return new, WarmupState(da_state, mm_state, imm, whitening, center, box, window), lost, flat_new
+        return new, WarmupState(da_state, mm_state, imm, whitening, center, box, window, search), lost, flat_new
 
     return Warmup(step_size_state, mass_matrix_state, window_state, parameters, update, accumulate)

@@ -200,8 +200,11 @@ class WarmupConfig:
               "`\"welford_diag\"` above (JAX routes; the PyMC step: Welford, and it takes `\"fisher_diag\"` but "
               "not the low-rank one), or Welford as `dense_mass` says when it is given.")
     target_acceptance_rate: float = _option(0.8, "Dual averaging's target in the metric phase.")
-    initial_step_size: float | None = _option(None, "First step size of dual averaging. `None`: 1.0 (PyMC: its "
-                                                    "own `step_scale / d^(1/4)`).")
+    initial_step_size: float | None = _option(None, "Where the warm-up's first step size comes from. JAX routes: "
+                                                    "the start of a doubling/halving search, run by the warm-up's "
+                                                    "first iterations with one leapfrog step each, whose result "
+                                                    "starts dual averaging; `None`: 1.0. PyMC step: dual "
+                                                    "averaging's first step size; `None`: `step_scale / d^(1/4)`.")
     warmup_integration_time: float = _option(1.0, "Trajectory length `eps x L` of the metric phase.")
     restart_lost_chains: bool = _option(True, "With 3 or more pooled chains, restart a chain lost far below the "
                                               "others from another chain's position (JAX routes).")
