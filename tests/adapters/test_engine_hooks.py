@@ -94,7 +94,7 @@ def test_hook_options_check_their_input():
         pytest.param(60, 13, {"round_length": 1}, marks=pytest.mark.slow),  # every iteration ends a round
         pytest.param(100, 35, {"round_end_fn": recording_hook, "chain_data": jnp.asarray(MEANS), "round_length": 7},
                      marks=pytest.mark.slow),  # ~11 s; hooks and chain data also run in the test above
-        pytest.param(100, 45, {"super_transitions": 30}, marks=pytest.mark.slow),  # plain per-iteration scan
+        pytest.param(100, 75, {"super_transitions": 30}, marks=pytest.mark.slow),  # plain per-iteration scan
     ],
 )
 def test_scan_draws_gives_what_scanning_step_gives(num_warmup, num_samples, options):

@@ -278,11 +278,13 @@ def hierarchical():
     numpyro.sample("x", dist.Normal(mu, s).expand([3]))
 
 
-@pytest.mark.parametrize("metric", ["fisher", pytest.param("diagonal_fisher", marks=pytest.mark.slow)])
-def test_numpyro_kernel_samples_a_hierarchical_model(metric):
+@pytest.mark.parametrize("metric, num_samples", [("fisher", 1500), pytest.param("diagonal_fisher", 4000,
+                                                                                   marks=pytest.mark.slow)])
+def test_numpyro_kernel_samples_a_hierarchical_model(metric, num_samples):
     """Exact marginals: s ~ HalfNormal(1) (log s checked: mean -(gamma + log 2)/2, sd pi/sqrt(8)),
-    mu ~ N(0, 1), x_i ~ N(0, sd sqrt(2))."""
-    mcmc = MCMC(AdaptiveRMHMC(hierarchical, metric=metric), num_warmup=500, num_samples=1500, num_chains=4,
+    mu ~ N(0, 1), x_i ~ N(0, sd sqrt(2)). The diagonal metric's bulk ESS of log s over 1500 draws ranged
+    46-884 by seed (2026-12-07, before and after the step-size search moved into the warm-up): 4000 draws."""
+    mcmc = MCMC(AdaptiveRMHMC(hierarchical, metric=metric), num_warmup=500, num_samples=num_samples, num_chains=4,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(3), extra_fields=("fixed_point_converged",))
     draws = mcmc.get_samples(group_by_chain=True)
