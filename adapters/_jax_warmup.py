@@ -36,7 +36,8 @@ from ._jax_kernel import inverse_cholesky
 from ._jax_sharding import chain_median, replicated
 
 __all__ = ["WindowStats", "WarmupState", "StepSizeSearch", "search_step_size", "Warmup", "build_warmup", "far_below",
-           "climbing", "lost_chains", "pooled_acceptance", "EARLY_MAX_STEPS", "ScaleMoments", "MetricAdaptation", "rescue_scales"]
+           "climbing", "lost_chains", "pooled_acceptance", "EARLY_MAX_STEPS", "ScaleMoments", "MetricAdaptation",
+           "rescue_scales"]
 
 
 class WindowStats(NamedTuple):
