@@ -218,10 +218,19 @@ def test_compiled_route_energy_and_lp_follow_pymc():
 FAST = {("step", "eight_schools-eight_schools_noncentered"), ("step", "kidiq-kidscore_momiq")}  # sblrc: slow
 
 
+# The step's diagonal (Welford) metric does not mix on diamonds' strongly correlated 26 coefficients within 1000
+# draws (bulk ESS 17-190 at seed 3, 2026-12-07); the compiled route's low-rank metric does (docs/benchmarks.md,
+# "The PyMC step"). Deterministic at this seed: strict, so that a step that learns to mix there is noticed.
+KNOWN_MISSES = {
+    ("step", "diamonds-diamonds"): "the PyMC step's diagonal metric does not mix on diamonds in 1000 draws"}
+
+
 def reference_runs():
     for route in ("step", "compiled"):
         for name in BUILDERS:
-            marks = () if (route, name) in FAST else pytest.mark.slow
+            marks = [] if (route, name) in FAST else [pytest.mark.slow]
+            if (route, name) in KNOWN_MISSES:
+                marks.append(pytest.mark.xfail(reason=KNOWN_MISSES[route, name], strict=True))
             yield pytest.param(route, name, marks=marks, id=f"{route}-{name}")
 
 
