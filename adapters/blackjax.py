@@ -61,6 +61,7 @@ drawn per chain; requires the two bounds).
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -80,7 +81,8 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from ahmc.core import TunerState
-from ahmc.core.config import DEFAULT_DIVERGENCE_RETRY, PAPER_SETTINGS, Config
+from ahmc.core.config import DEFAULT_DIVERGENCE_RETRY, PAPER_SETTINGS, Config, resolve_options
+from ahmc.core.options import check_option_names
 from ahmc.core.snapshot import TuningSnapshot, metric_name
 from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
@@ -114,12 +116,20 @@ __all__ = [
 PAPER_PRESET = {**PAPER_SETTINGS, "shared_num_steps": False}  # Algorithm 2 as published (docs/options.md)
 
 def _builder(metric, options: dict, name: str):
-    """``(build, options)``: the HMC engine, or with a ``metric`` the RMHMC engine and its options."""
+    """``(build, options)``: the HMC engine, or with a ``metric`` the RMHMC engine and its options.  The
+    options' names and tuning values are checked here, when the entry point is called (``gpucb_adaptation``
+    builds its engine only in ``run``, once it knows the warm-up's length)."""
     if metric is None:
         given = [option for option in RMHMC_KNOBS if option in options]
         if given:
             raise ValueError(f"{name}: {given[0]}= applies to Riemann-manifold HMC only; pass metric='softabs' "
                              f"(or another metric) with it, or drop {given[0]}.")
+    _, execution = resolve_options(options, name)
+    valid = set(inspect.signature(build_engine).parameters) | set(Config.option_names())
+    if metric is not None:
+        valid |= set(inspect.signature(build_rmhmc_engine).parameters)
+    check_option_names(execution, valid - {"logdensity_fn", "options"}, name)
+    if metric is None:
         return build_engine, options
     return build_rmhmc_engine, {**options, "metric": metric}
 

@@ -42,6 +42,10 @@ ADAPTERS = {
         logdensity, 2, metric="softabs", **o),
     "blackjax.gpucb_adaptation": lambda **o: ahmc_blackjax.gpucb_adaptation(logdensity, **o).run(
         jax.random.key(0), jnp.zeros((2, 2)), 10),
+    # checked when the routine is made, as BlackJAX's window_adaptation(...) is, not only in run
+    "blackjax.gpucb_adaptation(...)": lambda **o: ahmc_blackjax.gpucb_adaptation(logdensity, **o),
+    "blackjax.run_chains": lambda **o: ahmc_blackjax.run_chains(jax.random.key(0), logdensity, jnp.zeros((2, 2)), 10,
+                                                                10, **o),
     "numpyro.AdaptiveHMC": lambda **o: ahmc_numpyro.AdaptiveHMC(numpyro_model, **o),
     "numpyro.AdaptiveRMHMC": lambda **o: ahmc_numpyro.AdaptiveRMHMC(numpyro_model, **o),
     "pymc.AdaptiveHMC": pymc_step(ahmc_pymc.AdaptiveHMC),
