@@ -253,6 +253,7 @@ def gpucb_adaptation(logdensity_fn: Callable, *, metric: Any = None, paper_prese
     build, options = _builder(metric, {**options, "paper_preset": paper_preset}, "gpucb_adaptation")
 
     def run(rng_key, positions, num_steps: int = 1000):
+        check_rng_key(rng_key, name)
         check_chain_batch(logdensity_fn, positions, name)
         run_options, positions, num_steps, rng_key = _warm_start(
             logdensity_fn, positions, options, num_steps, rng_key, name)
@@ -420,6 +421,17 @@ def _many_chains(engine, logdensity_fn, num_chains, name, start) -> SamplingAlgo
     return SamplingAlgorithm(init, engine.step)
 
 
+def check_rng_key(rng_key, name: str) -> None:
+    """Refuse a seed where a JAX key is expected (JAX's own error would not name the argument)."""
+    dtype = getattr(rng_key, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return
+    if dtype == np.uint32 and np.ndim(rng_key) >= 1:  # a raw key, as jax.random.PRNGKey makes
+        return
+    raise ValueError(f"{name}: rng_key must be a JAX key, e.g. jax.random.key(0) (or jax.random.PRNGKey(0)); "
+                     f"got {type(rng_key).__name__} {np.shape(rng_key)}.")
+
+
 def check_chain_batch(logdensity_fn, positions, name: str, num_chains: int | None = None) -> None:
     """Refuse positions that are not a batch of chains, before anything compiles.
 
@@ -511,6 +523,7 @@ def run_chains(
     ``metric=``: Riemann-manifold HMC (module docstring); the cost of a run is then
     ``info.num_gradient_evals`` (gradients plus metric evaluations), not ``num_integration_steps``.
     """
+    check_rng_key(rng_key, "run_chains")
     check_chain_batch(logdensity_fn, positions, "run_chains")
     build, options = _builder(metric, {**options, "paper_preset": paper_preset}, "run_chains")
     options, positions, num_warmup, rng_key = _warm_start(

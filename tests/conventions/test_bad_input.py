@@ -4,6 +4,7 @@ before anything compiles, in every adapter."""
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import numpy as np
 import pytest
@@ -101,6 +102,18 @@ def test_pymc_typo_fails_before_compiling(monkeypatch):
 def test_bad_blackjax_positions(metric, positions, match):
     with pytest.raises(ValueError, match=match):
         ahmc_blackjax.run_chains(jax.random.key(0), logdensity, positions, 10, 10, metric=metric)
+
+
+@pytest.mark.parametrize("key", [0, np.array([0, 1, 2]), jnp.zeros(2, jnp.float32)], ids=["int", "3 ints", "floats"])
+@pytest.mark.parametrize("entry", ["run_chains", "gpucb_adaptation"])
+def test_a_seed_for_a_key_is_named(entry, key):
+    """A seed where BlackJAX takes a key: the message names ``rng_key`` and how to make one."""
+    positions = jnp.zeros((2, 2))
+    run = (partial(ahmc_blackjax.run_chains, logdensity_fn=logdensity, positions=positions, num_warmup=10)
+           if entry == "run_chains" else partial(ahmc_blackjax.gpucb_adaptation(logdensity).run, positions=positions,
+                                                 num_steps=10))
+    with pytest.raises(ValueError, match=r"rng_key must be a JAX key, e\.g\. jax\.random\.key\(0\)"):
+        run(rng_key=key)
 
 
 def test_rmhmc_in_float32_warns():
