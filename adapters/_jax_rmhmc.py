@@ -45,7 +45,6 @@ eigen-decomposition), so compare such runs by time as well.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -59,12 +58,12 @@ import blackjax.mcmc.integrators as integrators
 from blackjax.mcmc.integrators import solve_fixed_point_iteration
 from blackjax.mcmc.proposal import safe_energy_diff, static_binomial_sampling
 
-from ahmc.core import Config
 from ahmc.core.config import resolve_options
 from ahmc.core.options import check_option_names
 from ahmc.core.space import RMHMC_NUM_STEPS_CAP
 
 from ._jax_engine import build_engine
+from ._jax_setup import engine_option_names
 from ._jax_metrics import (DEFAULT_SOFTABS_ALPHA, ConstantMetric, FisherLogisticMetric, check_metric_at,
                            resolve_metric)
 
@@ -320,10 +319,6 @@ def default_max_integration_time(metric) -> float:
     return 2.0 * math.pi if isinstance(metric, FisherLogisticMetric) else 4.0 * math.pi
 
 
-def _engine_option_names():
-    return set(inspect.signature(build_engine).parameters) - {"logdensity_fn"}
-
-
 def build_rmhmc_engine(
     logdensity_fn: Callable,
     *,
@@ -347,7 +342,7 @@ def build_rmhmc_engine(
     """
     paper = options.get("paper_preset", False) is True
     tuning, execution = resolve_options(options, "ahmc (RMHMC)")  # config= and paper_preset= folded in
-    check_option_names(execution, _engine_option_names() | set(Config.option_names()), "ahmc (RMHMC)")
+    check_option_names(execution, engine_option_names(build_engine), "ahmc (RMHMC)")
     options = {**tuning, **execution}
     if paper:
         options.setdefault("shared_num_steps", False)

@@ -52,6 +52,15 @@ def _check_user_num_steps(num_steps_bounds, super_transitions) -> tuple[int, int
 _DEFAULT = Config()
 
 
+def engine_option_names(*builds) -> set:
+    """Every option name the engine builders ``builds`` take (their arguments and the Config's), the
+    ``valid`` of :func:`ahmc.core.options.check_option_names`."""
+    names = set(Config.option_names())
+    for build in builds:
+        names |= set(inspect.signature(build).parameters)
+    return names - {"logdensity_fn", "options"}
+
+
 def with_config(build, owner: str = "ahmc", extra_names=()):
     """``build`` taking ``config=`` (an :class:`ahmc.core.Config`) and ``paper_preset=`` besides its flat options.
 
@@ -66,8 +75,7 @@ def with_config(build, owner: str = "ahmc", extra_names=()):
     def built(logdensity_fn, **options):
         paper = options.get("paper_preset", False) is True
         tuning, execution = resolve_options(options, owner)
-        valid = (set(inspect.signature(build).parameters) | set(extra_names)) - {"logdensity_fn"}
-        check_option_names(execution, valid | set(Config.option_names()), owner)
+        check_option_names(execution, engine_option_names(build) | set(extra_names), owner)
         if paper:  # the paper's chains draw their step counts independently
             execution.setdefault("shared_num_steps", False)
         built_engine = build(logdensity_fn, **tuning, **execution)

@@ -61,7 +61,6 @@ drawn per chain; requires the two bounds).
 
 from __future__ import annotations
 
-import inspect
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -87,6 +86,7 @@ from ahmc.core.snapshot import TuningSnapshot, metric_name
 from ahmc.core.space import check_min_steps_fraction, min_num_steps
 
 from ._jax_engine import EngineInfo, EngineState, SearchBox, build_engine
+from ._jax_setup import engine_option_names
 from ._jax_kernel import Retry, finite_energy, finite_logdensity, trajectory_proposal
 from ._jax_run import _chain_data, _scan, compiled_init
 from ._jax_run import sample as _sample
@@ -125,10 +125,8 @@ def _builder(metric, options: dict, name: str):
             raise ValueError(f"{name}: {given[0]}= applies to Riemann-manifold HMC only; pass metric='softabs' "
                              f"(or another metric) with it, or drop {given[0]}.")
     _, execution = resolve_options(options, name)
-    valid = set(inspect.signature(build_engine).parameters) | set(Config.option_names())
-    if metric is not None:
-        valid |= set(inspect.signature(build_rmhmc_engine).parameters)
-    check_option_names(execution, valid - {"logdensity_fn", "options"}, name)
+    builds = (build_engine,) if metric is None else (build_engine, build_rmhmc_engine)
+    check_option_names(execution, engine_option_names(*builds), name)
     if metric is None:
         return build_engine, options
     return build_rmhmc_engine, {**options, "metric": metric}
