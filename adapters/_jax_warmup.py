@@ -29,7 +29,8 @@ from jax.flatten_util import ravel_pytree
 from blackjax.adaptation.metric_recipes import REGISTRY
 from blackjax.adaptation.step_size import dual_averaging_adaptation
 
-from ahmc.core.mass_matrix import prefers_dense, rescale_diagonal, rescue_unexplored, shrink_correlations
+from ahmc.core.mass_matrix import (prefers_dense, raise_to_draws, rescale_diagonal, rescue_unexplored,
+                                   shrink_correlations)
 from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, metric_phase_max_steps, warmup_num_steps
 
 from ._jax_kernel import inverse_cholesky
@@ -420,34 +421,42 @@ def _accumulate_moments(moments: ScaleMoments, flat_x, flat_g) -> ScaleMoments:
 BLACKJAX_GRAD_VARIANCE_FLOOR = 1e-10
 
 
-def rescue_scales(inverse_mass_matrix, moments: ScaleMoments, undo_grad_floor: bool):
+def rescue_scales(inverse_mass_matrix, moments: ScaleMoments, fisher: bool, last_window=False):
     """The window's matrix with each coordinate's variance corrected where the estimator cannot see its scale.
 
-    Two cases, both from the window's own draws and gradients: a coordinate the draws have not explored
+    Three cases, all from the window's own draws and gradients: a coordinate the draws have not explored
     (:func:`ahmc.core.mass_matrix.rescue_unexplored`: far start, or sds 1e-6 and 1e6 under an identity
-    metric), and, for the Fisher recipes (``undo_grad_floor``), one whose gradient variance is under
-    BlackJAX's floor. A dense matrix is rescaled by rows and columns, so its correlations stay.
+    metric), and, for the Fisher recipes (``fisher``), one whose gradient variance is under BlackJAX's
+    floor, and, at the ``last_window``'s end (traced bool), draws spread far beyond the estimate
+    (:func:`ahmc.core.mass_matrix.raise_to_draws`; only there: an earlier window's draws still hold the
+    chains' approach). A dense matrix is rescaled by rows and columns, so its correlations stay.
     """
     variance = jnp.diag(inverse_mass_matrix) if _is_dense(inverse_mass_matrix) else inverse_mass_matrix
     n = jnp.maximum(moments.count, 2.0)
     var_x, var_g = moments.m2_x / (n - 1.0), moments.m2_g / (n - 1.0)
     corrected = variance
-    if undo_grad_floor:
+    if fisher:
         floored = (var_g > 0) & (var_g < BLACKJAX_GRAD_VARIANCE_FLOOR)
         corrected = variance * jnp.sqrt(BLACKJAX_GRAD_VARIANCE_FLOOR / jnp.where(floored, var_g, BLACKJAX_GRAD_VARIANCE_FLOOR))
     corrected = rescue_unexplored(corrected, var_x, var_g, moments.m2_g / n + moments.mean_g ** 2, xp=jnp)
+    if fisher:
+        corrected = jnp.where(last_window, raise_to_draws(corrected, var_x, xp=jnp), corrected)
     ok = (moments.count >= 2) & jnp.all(jnp.isfinite(corrected)) & jnp.all(corrected > 0)
     return rescale_diagonal(inverse_mass_matrix, jnp.where(ok, corrected, variance), xp=jnp)
 
 
-def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_state: Callable):
+def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_state: Callable, one_posterior: bool):
     """``(mass_matrix_state, adapt_metric)``: BlackJAX's estimator for ``recipe`` (its ``metric_recipes``),
-    pooled over chains, in Stan's windows; a window's end restarts the dual averaging with ``step_size_state``."""
+    pooled over chains, in Stan's windows; a window's end restarts the dual averaging with ``step_size_state``.
+    ``one_posterior``: every chain targets one posterior, so the pooled draws' variance is its variance (with
+    per-chain data it also holds the spread between the chains' posteriors: no raise to the draws there)."""
     cores = _recipe_cores(recipe)
     auto_dense = recipe == "auto"
     low_rank_recipe = recipe in ("fisher_low_rank", "default")
     is_slow, is_window_end = jnp.asarray(plan.is_slow), jnp.asarray(plan.is_window_end)
     buffer_per_chain = _longest_window(plan)
+    window_ends = np.flatnonzero(plan.is_window_end)
+    last_window_end = int(window_ends[-1]) if window_ends.size and one_posterior else -1
 
     def is_low_rank(mm_state):  # static: the state's type says which estimator runs
         return hasattr(mm_state, "draws_buffer")
@@ -480,7 +489,7 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
 
     def close_window(operand):
         """A mass-matrix window's end: its estimate (shrunk if dense Welford), the dual averaging restarted."""
-        metric_state, imm, da_state, _ = operand
+        metric_state, imm, da_state, _, phase_it = operand
         mm_state, moments = metric_state.estimator, metric_state.moments
         dtype = imm.dtype
         window_mean = _window_mean(mm_state).astype(dtype) if use_center else None
@@ -502,11 +511,11 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
             new_imm = covariance
         else:
             new_imm = mm_state.inverse_mass_matrix
-        new_imm = rescue_scales(new_imm.astype(dtype), moments, uses_fisher(mm_state))
+        new_imm = rescue_scales(new_imm.astype(dtype), moments, uses_fisher(mm_state), phase_it == last_window_end)
         restart = step_size_state(jnp.exp(da_state.log_step_size))
         fresh = _fresh_moments(moments.mean_x.shape[0], dtype)
         draw_variance = (moments.m2_x / jnp.maximum(moments.count - 1.0, 1.0)).astype(dtype)
-        return MetricAdaptation(mm_state, fresh, draw_variance), new_imm, restart, window_mean
+        return MetricAdaptation(mm_state, fresh, draw_variance), new_imm, restart, window_mean, phase_it
 
     def adapt_metric(state, flat_new, flat_grad, da_state, in_metric_phase, phase_it):
         """The pooled estimator takes the chains' positions (and gradients) in a slow window and closes at its end."""
@@ -522,8 +531,9 @@ def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_
         mm_state = jax.lax.cond(in_metric_phase & is_slow[phase_it], pool_draws, lambda s: s,
                                 state.mass_matrix_adaptation)
         window_end = in_metric_phase & is_window_end[phase_it]
-        mm_state, imm, da_state, center = jax.lax.cond(
-            window_end, close_window, lambda x: x, (mm_state, state.inverse_mass_matrix, da_state, state.center))
+        mm_state, imm, da_state, center, _ = jax.lax.cond(
+            window_end, close_window, lambda x: x,
+            (mm_state, state.inverse_mass_matrix, da_state, state.center, phase_it))
         whitening = jax.lax.cond(window_end, inverse_cholesky, lambda _: state.whitening, imm) if dense else None
         return mm_state, imm, da_state, center, whitening
 
@@ -588,7 +598,8 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
                  max_integration_time: float, num_steps_cap: int, box_max_steps: int | None) -> Warmup:
     """The warm-up adaptation for ``plan`` (BlackJAX's dual averaging and Welford estimators, pooled over chains).
 
-    ``compare_chains=False`` (per-chain targets) turns off restarts and the "far below" warning;
+    ``compare_chains=False`` (per-chain targets) turns off restarts, the "far below" warning and the last
+    window's raise of a Fisher estimate to its draws' variance;
     ``user_num_steps``: the box's ``L`` range is the user's (only ``eps`` follows ``eps*``);
     ``box_max_steps``: a cap on the automatic ``L`` (a super-transition's budget).
     """
@@ -604,7 +615,7 @@ def build_warmup(plan: WarmupPlan, *, target_acceptance_rate: float, warmup_inte
 
     searching, adapt_step_size = _step_size_adaptation(metric_phase, target_acceptance_rate, step_size_state)
     mass_matrix_state, adapt_metric = _build_metric(plan, recipe=recipe, use_center=use_center,
-                                                    step_size_state=step_size_state)
+                                                    step_size_state=step_size_state, one_posterior=compare_chains)
 
     def window_state(num_chains, dtype):
         zeros = jnp.zeros((num_chains,), dtype)

@@ -854,9 +854,10 @@ def _unmixed_chains(history: TuningHistory) -> str | None:
             f"it, so means, sds and intervals from these draws can be wrong.{first} On a "
             "posterior far from Gaussian (hyperparameters of a Gaussian process or a hierarchy) the low-rank "
             "Fisher mass matrix (metric_recipe=\"fisher_low_rank\", the JAX routes' default up to d = 200) can "
-            "set some scales several times below the posterior's, and tuned trajectories too short for them: on "
-            "posteriordb's gp_pois_regr R-hat stayed at 1.01-1.06 over seeds and metric_recipe=\"welford_diag\" "
-            "converged (docs/benchmarks.md, \"Known misses\").")
+            "set some scales below the posterior's, and tuned trajectories too short for them; the warm-up "
+            "raises it to the draws' spread only where a scale is more than 2.5x too small, and "
+            "metric_recipe=\"welford_diag\" takes the draws' variances throughout (docs/algorithm.md, "
+            "\"Scales the window missed\").")
 
 
 def _edge_warnings(history: TuningHistory, tuner: int) -> list[str]:

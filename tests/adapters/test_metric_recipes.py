@@ -168,9 +168,9 @@ def test_window_rescue_undoes_blackjax_grad_floor_and_finds_unexplored_scales():
             moments = _accumulate_moments(moments, jnp.asarray(x), jnp.asarray(-x / sds ** 2))
         estimate = jnp.array([1e6, 0.9])  # e.g. the window's Welford variance, or a floored Fisher one
         for undo in (False, True):
-            out = np.asarray(rescue_scales(estimate, moments, undo_grad_floor=undo))
+            out = np.asarray(rescue_scales(estimate, moments, fisher=undo))
             np.testing.assert_allclose(out, [1e12, 0.9], rtol=1e-6)
-            dense = np.asarray(rescue_scales(jnp.diag(estimate), moments, undo_grad_floor=undo))
+            dense = np.asarray(rescue_scales(jnp.diag(estimate), moments, fisher=undo))
             np.testing.assert_allclose(np.diag(dense), [1e12, 0.9], rtol=1e-6)
         # Explored at its scale, a Fisher estimate floored at var(grad) = 1e-10 gives 1e11: undone to 1e12.
         moments = _fresh_moments(2, jnp.float64)
@@ -178,6 +178,57 @@ def test_window_rescue_undoes_blackjax_grad_floor_and_finds_unexplored_scales():
             x = rng.normal(size=(4, 2)) * sds
             moments = _accumulate_moments(moments, jnp.asarray(x), jnp.asarray(-x / sds ** 2))
         floored = jnp.array([1e11, 1.0])
-        out = np.asarray(rescue_scales(floored, moments, undo_grad_floor=True))
+        out = np.asarray(rescue_scales(floored, moments, fisher=True))
         assert 0.8e12 < out[0] < 1.25e12 and out[1] == 1.0, out
-        assert np.asarray(rescue_scales(floored, moments, undo_grad_floor=False))[0] == 1e11
+        assert np.asarray(rescue_scales(floored, moments, fisher=False))[0] == 1e11
+
+
+def test_last_window_raises_a_fisher_estimate_its_draws_outspread():
+    """At the last window's end only, and only for a Fisher recipe: a window whose draws spread 4x the
+    estimate's variance in one coordinate (sds 2 and 1 against an estimate of 1 and 0.9) lifts both
+    coordinates to the draws' variances; the earlier windows, and Welford's estimate, stay as estimated."""
+    from ahmc.adapters._jax_warmup import _accumulate_moments, _fresh_moments, rescue_scales
+
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(1)
+        sds = np.array([2.0, 1.0])
+        moments = _fresh_moments(2, jnp.float64)
+        for _ in range(200):
+            x = rng.normal(size=(4, 2)) * sds
+            moments = _accumulate_moments(moments, jnp.asarray(x), jnp.asarray(-x / sds ** 2))
+        draws = np.asarray(moments.m2_x / (moments.count - 1.0))
+        estimate = jnp.array([1.0, 0.9])
+        for matrix in (estimate, jnp.diag(estimate)):
+            raised = np.asarray(rescue_scales(matrix, moments, fisher=True, last_window=jnp.asarray(True)))
+            raised = np.diag(raised) if raised.ndim == 2 else raised
+            np.testing.assert_allclose(raised, np.maximum(draws, [1.0, 0.9]), rtol=1e-12)
+            for fisher, last in ((True, False), (False, True)):
+                kept = np.asarray(rescue_scales(matrix, moments, fisher=fisher, last_window=jnp.asarray(last)))
+                np.testing.assert_array_equal(kept, np.asarray(matrix))
+
+
+def test_run_chains_ends_warmup_with_a_metric_no_narrower_than_the_draws():
+    """End to end: x[0] from an equal mixture of N(0, 0.2^2) and N(0, 2^2) has variance 2.02, but its
+    gradient's variance is about 12.6 (the narrow part's), so the Fisher estimate sqrt(var x / var g) is
+    about 0.4, 5x too narrow; the other coordinates are Gaussian. The last window's draws outspread the
+    estimate, so the metric's diagonal ends at least at the draws' variances (the snapshot's
+    ``draw_variances`` are that window's); on the Gaussian alone it keeps the Fisher estimate, below
+    some coordinate's draws."""
+    from ahmc.adapters.blackjax import run_chains, tuning_snapshot
+
+    scales = jnp.array([1.0, 3.0, 0.5])
+
+    def gaussian(z):
+        return -0.5 * jnp.sum((z / scales) ** 2)
+
+    def scale_mixture(x):
+        parts = jnp.array([-0.5 * (x[0] / 0.2) ** 2 - jnp.log(0.2), -0.5 * (x[0] / 2.0) ** 2 - jnp.log(2.0)])
+        return jax.scipy.special.logsumexp(parts) + gaussian(x[1:])
+
+    for logdensity, starts, raised in ((scale_mixture, jnp.zeros((4, 4)), True),
+                                       (gaussian, jnp.zeros((4, 3)), False)):
+        _, info, state = run_chains(jax.random.key(3), logdensity, starts, 600, 20, return_state=True)
+        snapshot = tuning_snapshot(info, state)
+        diagonal = np.diag(np.asarray(snapshot.inverse_mass_matrix))
+        below = diagonal < np.asarray(snapshot.draw_variances) * (1 - 1e-6)
+        assert not below.any() if raised else below.any(), (diagonal, snapshot.draw_variances)

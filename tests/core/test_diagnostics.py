@@ -327,7 +327,8 @@ def test_a_coordinate_the_chains_barely_explore_is_a_tuning_warning():
 
 
 def test_chains_that_disagree_are_a_warning_with_the_metric_remedy():
-    """posteriordb's gp_pois_regr under the default low-rank metric: R-hat 1.042 on a GP hyperparameter."""
+    """posteriordb's gp_pois_regr under the low-rank metric before the last window's raise to the draws'
+    variance: R-hat 1.042 on a GP hyperparameter."""
     stats, _, _, config = simulate()
     history = tuning_history(stats, config=config)
     unmixed = history._replace(worst_rhat=(1.042, "rho", 4))

@@ -4,7 +4,8 @@ correlation_excess / prefers_dense decide dense_mass="auto"."""
 import numpy as np
 import pytest
 
-from ahmc.core.mass_matrix import (UNEXPLORED_PRODUCT, correlation_excess, prefers_dense, rescale_diagonal,
+from ahmc.core.mass_matrix import (FISHER_SPREAD_LIMIT, UNEXPLORED_PRODUCT, correlation_excess, prefers_dense,
+                                   raise_to_draws, rescale_diagonal,
                                    rescue_unexplored, shrink_correlations)
 
 
@@ -107,3 +108,15 @@ def test_rescale_diagonal_sets_variances_and_keeps_correlations():
     correlation = lambda c: c[0, 1] / np.sqrt(c[0, 0] * c[1, 1])  # noqa: E731
     np.testing.assert_allclose(correlation(out), correlation(covariance))
     np.testing.assert_allclose(rescale_diagonal(np.array([2.0, 0.0]), variance), [1e12, 0.0])
+
+
+def test_raise_to_draws_lifts_every_coordinate_once_one_spreads_past_the_limit():
+    """gp_pois_regr's last window (seed 1): draws 4.8x the Fisher variance on one hyperparameter, 1.0-1.7x
+    elsewhere; every coordinate goes to the larger of the two, and one below the limit changes nothing."""
+    variance = np.array([1.0, 2.0, 0.5, 3.0])
+    draws = np.array([4.8, 2.2, 0.4, 3.3])
+    np.testing.assert_array_equal(raise_to_draws(variance, draws), [4.8, 2.2, 0.5, 3.3])
+    near = np.array([0.99 * FISHER_SPREAD_LIMIT, 2.2, 0.4, 3.3])  # breast cancer's largest ratio was 2.07
+    np.testing.assert_array_equal(raise_to_draws(variance, near), variance)
+    np.testing.assert_array_equal(raise_to_draws(variance, np.array([4.8, np.inf, 0.4, 3.3])), variance)
+    np.testing.assert_array_equal(raise_to_draws(variance, draws, limit=5.0), variance)
