@@ -440,7 +440,12 @@ def rescue_scales(inverse_mass_matrix, moments: ScaleMoments, fisher: bool, last
         corrected = variance * jnp.sqrt(BLACKJAX_GRAD_VARIANCE_FLOOR / jnp.where(floored, var_g, BLACKJAX_GRAD_VARIANCE_FLOOR))
     corrected = rescue_unexplored(corrected, var_x, var_g, moments.m2_g / n + moments.mean_g ** 2, xp=jnp)
     if fisher:
-        corrected = jnp.where(last_window, raise_to_draws(corrected, var_x, xp=jnp), corrected)
+        import os
+        if os.environ.get("AHMC_DIAG"):
+            ratio = var_x / corrected
+            jax.debug.print("window last={l} maxratio={m} argmax={a} ratios={r}", l=last_window, m=jnp.max(ratio), a=jnp.argmax(ratio), r=ratio)
+        if not os.environ.get("AHMC_NORAISE"):
+            corrected = jnp.where(last_window, raise_to_draws(corrected, var_x, xp=jnp), corrected)
     ok = (moments.count >= 2) & jnp.all(jnp.isfinite(corrected)) & jnp.all(corrected > 0)
     return rescale_diagonal(inverse_mass_matrix, jnp.where(ok, corrected, variance), xp=jnp)
 
