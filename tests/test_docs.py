@@ -80,3 +80,27 @@ def test_tracked_results_stay_small():
         pytest.skip("not a git checkout")
     size = sum((ROOT / f).stat().st_size for f in files if (ROOT / f).exists())
     assert len(files) <= 30 and size < 5e6, f"{len(files)} files, {size / 1e6:.1f} MB under benchmarks/results"
+
+
+MODULE = re.compile(r"python -m benchmarks\.([a-z_]+)")
+RESULTS_FILE = re.compile(r"benchmarks/results/([\w.{},*-]+)")
+OLD_TREE = "036b7d1"  # the commit whose tree still holds the studies and results files removed on 2026-12-02
+
+
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_named_scripts_and_results_files_exist(name):
+    """A ``python -m benchmarks.<study>`` or ``benchmarks/results/<file>`` in a paragraph exists today, unless
+    the paragraph says it is in the old commit's tree."""
+    paragraphs = (ROOT / name).read_text().split("\n\n")
+    missing = []
+    for paragraph in paragraphs:
+        if OLD_TREE in paragraph:
+            continue
+        for module in MODULE.findall(paragraph):
+            if not (ROOT / "benchmarks" / f"{module}.py").exists():
+                missing.append(f"{name}: python -m benchmarks.{module}")
+        for file in RESULTS_FILE.findall(paragraph):
+            stem = re.split(r"[{*]", file)[0].rstrip(".")
+            if not any(p.name.startswith(stem) for p in (ROOT / "benchmarks" / "results").iterdir()):
+                missing.append(f"{name}: benchmarks/results/{file}")
+    assert not missing, "named but not in the repository (say where they are, e.g. commit 036b7d1):\n" + "\n".join(missing)
