@@ -29,7 +29,7 @@ from jax.flatten_util import ravel_pytree
 from blackjax.adaptation.metric_recipes import REGISTRY
 from blackjax.adaptation.step_size import dual_averaging_adaptation
 
-from ahmc.core.mass_matrix import (prefers_dense, raise_to_draws, rescale_diagonal, rescue_unexplored,
+from ahmc.core.mass_matrix import (fisher_misfit, prefers_dense, raise_to_draws, rescale_diagonal, rescue_unexplored,
                                    shrink_correlations)
 from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, metric_phase_max_steps, warmup_num_steps
 
@@ -428,8 +428,9 @@ def rescue_scales(inverse_mass_matrix, moments: ScaleMoments, fisher: bool, last
     (:func:`ahmc.core.mass_matrix.rescue_unexplored`: far start, or sds 1e-6 and 1e6 under an identity
     metric), and, for the Fisher recipes (``fisher``), one whose gradient variance is under BlackJAX's
     floor, and, at the ``last_window``'s end (traced bool), draws spread far beyond the estimate
-    (:func:`ahmc.core.mass_matrix.raise_to_draws`; only there: an earlier window's draws still hold the
-    chains' approach). A dense matrix is rescaled by rows and columns, so its correlations stay.
+    (:func:`ahmc.core.mass_matrix.fisher_misfit`; only there: an earlier window's draws still hold the
+    chains' approach): the matrix becomes diagonal, each variance raised to at least the draws'. Otherwise a
+    dense matrix is rescaled by rows and columns, so its correlations stay.
     """
     variance = jnp.diag(inverse_mass_matrix) if _is_dense(inverse_mass_matrix) else inverse_mass_matrix
     n = jnp.maximum(moments.count, 2.0)
@@ -439,15 +440,18 @@ def rescue_scales(inverse_mass_matrix, moments: ScaleMoments, fisher: bool, last
         floored = (var_g > 0) & (var_g < BLACKJAX_GRAD_VARIANCE_FLOOR)
         corrected = variance * jnp.sqrt(BLACKJAX_GRAD_VARIANCE_FLOOR / jnp.where(floored, var_g, BLACKJAX_GRAD_VARIANCE_FLOOR))
     corrected = rescue_unexplored(corrected, var_x, var_g, moments.m2_g / n + moments.mean_g ** 2, xp=jnp)
+    misfit = jnp.asarray(False)
     if fisher:
-        import os
-        if os.environ.get("AHMC_DIAG"):
-            ratio = var_x / corrected
-            jax.debug.print("window last={l} maxratio={m} argmax={a} ratios={r}", l=last_window, m=jnp.max(ratio), a=jnp.argmax(ratio), r=ratio)
-        if not os.environ.get("AHMC_NORAISE"):
-            corrected = jnp.where(last_window, raise_to_draws(corrected, var_x, xp=jnp), corrected)
+        misfit = jnp.asarray(last_window) & fisher_misfit(corrected, var_x, xp=jnp)
+        corrected = jnp.where(misfit, raise_to_draws(corrected, var_x, xp=jnp), corrected)
     ok = (moments.count >= 2) & jnp.all(jnp.isfinite(corrected)) & jnp.all(corrected > 0)
-    return rescale_diagonal(inverse_mass_matrix, jnp.where(ok, corrected, variance), xp=jnp)
+    kept = jnp.where(ok, corrected, variance)
+    rescaled = rescale_diagonal(inverse_mass_matrix, kept, xp=jnp)
+    if not _is_dense(inverse_mass_matrix):
+        return rescaled
+    # A misfit estimate's correlations come from the same gradients: a diagonal of the draws' spread instead
+    # (docs/decisions.md, "A misfit Fisher estimate gives way to a diagonal").
+    return jnp.where(misfit & ok, jnp.diag(kept).astype(rescaled.dtype), rescaled)
 
 
 def _build_metric(plan: WarmupPlan, *, recipe: str, use_center: bool, step_size_state: Callable, one_posterior: bool):

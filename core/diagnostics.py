@@ -855,7 +855,7 @@ def _unmixed_chains(history: TuningHistory) -> str | None:
             "posterior far from Gaussian (hyperparameters of a Gaussian process or a hierarchy) the low-rank "
             "Fisher mass matrix (metric_recipe=\"fisher_low_rank\", the JAX routes' default up to d = 200) can "
             "set some scales below the posterior's, and tuned trajectories too short for them; the warm-up "
-            "raises every scale to the draws' spread only when one is more than 2.5x too small, and "
+            "ends with a diagonal of the draws' spread only when one scale is more than 2.5x too small, and "
             "metric_recipe=\"welford_diag\" takes the draws' variances throughout (docs/algorithm.md, "
             "\"Scales the window missed\").")
 

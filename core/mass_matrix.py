@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 __all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "FISHER_SPREAD_LIMIT", "METRIC_RECIPES", "correlation_excess",
-           "prefers_dense", "fisher_diagonal", "raise_to_draws", "rescale_diagonal", "rescue_unexplored",
+           "prefers_dense", "fisher_diagonal", "fisher_misfit", "raise_to_draws", "rescale_diagonal", "rescue_unexplored",
            "resolve_metric_recipe", "shrink_correlations"]
 
 #: The mass-matrix estimators the metric phase can run, by their names in BlackJAX 1.7's
@@ -136,22 +136,29 @@ def rescue_unexplored(variance, draw_variance, grad_variance, grad_mean_square, 
 
 
 #: A Fisher estimate (nutpie's ``sqrt(var x / var g)``, and its low-rank form) is exact for a Gaussian; away
-#: from one it can sit several times below the posterior's variance (a Gaussian process's hyperparameters),
-#: and trajectories tuned in that metric are then too short for those coordinates. At the last window's end,
-#: draws spread more than this many times the estimate's variance in some coordinate raise every coordinate
-#: to its draws' variance (:func:`raise_to_draws`). The largest ratio over seeds 0-3 (``run_chains``): 2.9-4.8
-#: on posteriordb's gp_pois_regr (R-hat 1.015-1.056 without the raise), at most 2.07 on 12 other models
-#: (breast cancer 1.7-2.07, the rest below 1.8). docs/decisions.md, "The Fisher estimate raised to its draws".
+#: from one it can sit several times below the posterior's variance (a Gaussian process's hyperparameters, a
+#: funnel's scales), and trajectories tuned in that metric are then too short for those coordinates. At the
+#: last window's end, draws that spread more than this many times the estimate's variance in some coordinate
+#: (:func:`fisher_misfit`) make the metric diagonal, each coordinate at least its draws' variance
+#: (:func:`raise_to_draws`). The largest ratio over seeds 0-3 (``run_chains``): 2.9-4.8 on posteriordb's
+#: gp_pois_regr (R-hat 1.015-1.056 with the estimate kept), at most 2.07 on 12 other models (breast cancer
+#: 1.7-2.07, the rest below 1.8). docs/decisions.md, "The Fisher estimate raised to its draws" and "A misfit
+#: Fisher estimate gives way to a diagonal".
 FISHER_SPREAD_LIMIT = 2.5
 
 
-def raise_to_draws(variance, draw_variance, limit=FISHER_SPREAD_LIMIT, xp=np):
-    """``variance`` raised to at least ``draw_variance`` in every coordinate when the draws spread more than
-    ``limit`` times ``variance`` in some coordinate; otherwise ``variance`` itself (so a posterior the estimate
-    fits keeps it to the bit). Not raised when some draw variance is not finite."""
+def fisher_misfit(variance, draw_variance, limit=FISHER_SPREAD_LIMIT, xp=np):
+    """Whether the draws spread more than ``limit`` times ``variance`` in some coordinate (never when a draw
+    variance is not finite or an estimate not positive)."""
     usable = xp.all(xp.isfinite(draw_variance)) & xp.all(variance > 0)
-    spread = xp.any(draw_variance > limit * variance) & usable
-    return xp.where(spread, xp.maximum(variance, draw_variance), variance)
+    return xp.any(draw_variance > limit * variance) & usable
+
+
+def raise_to_draws(variance, draw_variance, limit=FISHER_SPREAD_LIMIT, xp=np):
+    """``variance`` raised to at least ``draw_variance`` in every coordinate when :func:`fisher_misfit`;
+    otherwise ``variance`` itself (so a posterior the estimate fits keeps it to the bit)."""
+    misfit = fisher_misfit(variance, draw_variance, limit, xp)
+    return xp.where(misfit, xp.maximum(variance, draw_variance), variance)
 
 
 def fisher_diagonal(variance, draw_variance, grad_variance, xp=np):

@@ -186,7 +186,8 @@ def test_window_rescue_undoes_blackjax_grad_floor_and_finds_unexplored_scales():
 def test_last_window_raises_a_fisher_estimate_its_draws_outspread():
     """At the last window's end only, and only for a Fisher recipe: a window whose draws spread 4x the
     estimate's variance in one coordinate (sds 2 and 1 against an estimate of 1 and 0.9) lifts both
-    coordinates to the draws' variances; the earlier windows, and Welford's estimate, stay as estimated."""
+    coordinates to the draws' variances, and a dense (low-rank) estimate loses its correlations; the earlier
+    windows, and Welford's estimate, stay as estimated."""
     from ahmc.adapters._jax_warmup import _accumulate_moments, _fresh_moments, rescue_scales
 
     with jax.enable_x64(True):
@@ -198,28 +199,36 @@ def test_last_window_raises_a_fisher_estimate_its_draws_outspread():
             moments = _accumulate_moments(moments, jnp.asarray(x), jnp.asarray(-x / sds ** 2))
         draws = np.asarray(moments.m2_x / (moments.count - 1.0))
         estimate = jnp.array([1.0, 0.9])
-        for matrix in (estimate, jnp.diag(estimate)):
+        correlated = jnp.array([[1.0, 0.3], [0.3, 0.9]])
+        for matrix in (estimate, correlated):
             raised = np.asarray(rescue_scales(matrix, moments, fisher=True, last_window=jnp.asarray(True)))
-            raised = np.diag(raised) if raised.ndim == 2 else raised
+            if raised.ndim == 2:
+                np.testing.assert_array_equal(raised, np.diag(np.diag(raised)))  # no correlation left
+                raised = np.diag(raised)
             np.testing.assert_allclose(raised, np.maximum(draws, [1.0, 0.9]), rtol=1e-12)
             for fisher, last in ((True, False), (False, True)):
                 kept = np.asarray(rescue_scales(matrix, moments, fisher=fisher, last_window=jnp.asarray(last)))
                 np.testing.assert_array_equal(kept, np.asarray(matrix))
+        # Draws that fit the estimate: the last window keeps a dense estimate's correlations to the bit.
+        fitting = jnp.array([[draws[0], 0.3], [0.3, draws[1]]])
+        kept = np.asarray(rescue_scales(fitting, moments, fisher=True, last_window=jnp.asarray(True)))
+        np.testing.assert_array_equal(kept, np.asarray(fitting))
 
 
 def test_run_chains_ends_warmup_with_a_metric_no_narrower_than_the_draws():
     """End to end: x[0] from an equal mixture of N(0, 0.2^2) and N(0, 2^2) has variance 2.02, but its
     gradient's variance is about 12.6 (the narrow part's), so the Fisher estimate sqrt(var x / var g) is
     about 0.4, 5x too narrow; the other coordinates are Gaussian. The last window's draws outspread the
-    estimate, so the metric's diagonal ends at least at the draws' variances (the snapshot's
+    estimate, so the metric ends diagonal, at least at the draws' variances (the snapshot's
     ``draw_variances`` are that window's); on the Gaussian alone it keeps the Fisher estimate, below
     some coordinate's draws."""
     from ahmc.adapters.blackjax import run_chains, tuning_snapshot
 
     scales = jnp.array([1.0, 3.0, 0.5])
 
-    def gaussian(z):
-        return -0.5 * jnp.sum((z / scales) ** 2)
+    def gaussian(z):  # z[0] and z[1] correlated 0.95, so the low-rank estimate has correlations to drop
+        u = jnp.array([z[0] + z[1] / 3.0, z[0] - z[1] / 3.0]) / jnp.sqrt(2.0)
+        return -0.5 * (u[0] ** 2 / 1.95 + u[1] ** 2 / 0.05) - 0.5 * (z[2] / scales[2]) ** 2
 
     def scale_mixture(x):
         parts = jnp.array([-0.5 * (x[0] / 0.2) ** 2 - jnp.log(0.2), -0.5 * (x[0] / 2.0) ** 2 - jnp.log(2.0)])
@@ -229,6 +238,12 @@ def test_run_chains_ends_warmup_with_a_metric_no_narrower_than_the_draws():
                                        (gaussian, jnp.zeros((4, 3)), False)):
         _, info, state = run_chains(jax.random.key(3), logdensity, starts, 600, 20, return_state=True)
         snapshot = tuning_snapshot(info, state)
-        diagonal = np.diag(np.asarray(snapshot.inverse_mass_matrix))
+        matrix = np.asarray(snapshot.inverse_mass_matrix)
+        diagonal = np.diag(matrix)
         below = diagonal < np.asarray(snapshot.draw_variances) * (1 - 1e-6)
         assert not below.any() if raised else below.any(), (diagonal, snapshot.draw_variances)
+        off_diagonal = matrix - np.diag(diagonal)
+        if raised:  # the low-rank estimate's correlations are dropped with it
+            np.testing.assert_array_equal(off_diagonal, 0.0)
+        else:
+            assert np.abs(off_diagonal).max() > 0.1 * diagonal.max(), matrix

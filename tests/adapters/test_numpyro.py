@@ -46,17 +46,13 @@ def run(kernel, *args, num_chains=4, chain_method="vectorized", seed=0, warmup=3
 # eight schools, garch and the GP: slow (the default run stays under 15 min); tests/conventions checks every
 # posteriordb model in PyMC's two routes, the compiled one on this kernel
 SLOW_REFERENCES = ("eight_schools", "garch", "gp_pois_regr", "sblrc")  # kidiq runs by default
-# The default (low-rank Fisher) metric is a known miss on gp_pois_regr: from NumPyro's own starts its R-hat
-# was above 1.01 on 2 of seeds 0-5 (docs/benchmarks.md, "Known misses"), so the GP runs with the remedy
-# the docs and tuning_summary name.
-REFERENCE_OPTIONS = {"gp_pois_regr-gp_pois_regr": {"metric_recipe": "welford_diag"}}
 
 
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=pytest.mark.slow) if name.startswith(SLOW_REFERENCES) else name for name in sorted(MODELS)])
 def test_posteriordb_reference_means(name, x64):
     reference = load_reference(name)
-    mcmc = run(AdaptiveHMC(MODELS[name](reference["data"]), **REFERENCE_OPTIONS.get(name, {})), seed=1, warmup=1000,
+    mcmc = run(AdaptiveHMC(MODELS[name](reference["data"])), seed=1, warmup=1000,
                samples=1000)
     draws = as_numpy(mcmc.get_samples(group_by_chain=True))
     assert_reference_match(draws, name)

@@ -224,11 +224,6 @@ FAST = {("step", "eight_schools-eight_schools_noncentered"), ("step", "kidiq-kid
 KNOWN_MISSES = {
     ("step", "diamonds-diamonds"): "the PyMC step's diagonal metric does not mix on diamonds in 1000 draws"}
 
-# The JAX routes' default (low-rank Fisher) metric is a known miss on gp_pois_regr (R-hat above 1.01, or too few
-# effective draws of alpha, on some seeds: docs/benchmarks.md, "Known misses"); the compiled route runs the GP
-# with the remedy the docs and tuning_summary name.
-COMPILED_OPTIONS = {"gp_pois_regr-gp_pois_regr": {"metric_recipe": "welford_diag"}}
-
 
 def reference_runs():
     for route in ("step", "compiled"):
@@ -250,7 +245,7 @@ def test_posteriordb_reference(route, name):
             from ahmc.adapters.pymc import sample_numpyro_ahmc
 
             idata = sample_numpyro_ahmc(1000, tune=1000, chains=4, random_seed=3, progressbar=False,
-                                        compute_convergence_checks=False, **COMPILED_OPTIONS.get(name, {}))
+                                        compute_convergence_checks=False)
     assert_reference_match({v: idata.posterior[v].values for v in ref["dimensions"]}, name)
 
 

@@ -4,8 +4,8 @@ correlation_excess / prefers_dense decide dense_mass="auto"."""
 import numpy as np
 import pytest
 
-from ahmc.core.mass_matrix import (FISHER_SPREAD_LIMIT, UNEXPLORED_PRODUCT, correlation_excess, prefers_dense,
-                                   raise_to_draws, rescale_diagonal,
+from ahmc.core.mass_matrix import (FISHER_SPREAD_LIMIT, UNEXPLORED_PRODUCT, correlation_excess, fisher_misfit,
+                                   prefers_dense, raise_to_draws, rescale_diagonal,
                                    rescue_unexplored, shrink_correlations)
 
 
@@ -120,3 +120,6 @@ def test_raise_to_draws_lifts_every_coordinate_once_one_spreads_past_the_limit()
     np.testing.assert_array_equal(raise_to_draws(variance, near), variance)
     np.testing.assert_array_equal(raise_to_draws(variance, np.array([4.8, np.inf, 0.4, 3.3])), variance)
     np.testing.assert_array_equal(raise_to_draws(variance, draws, limit=5.0), variance)
+    assert fisher_misfit(variance, draws) and not fisher_misfit(variance, near)
+    assert not fisher_misfit(variance, np.array([4.8, np.inf, 0.4, 3.3]))
+    assert not fisher_misfit(np.array([1.0, 0.0, 0.5, 3.0]), draws)  # an estimate that is not positive
