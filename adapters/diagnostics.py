@@ -29,6 +29,7 @@ import numpy as np
 
 from ahmc.core import Config
 from ahmc.core.config import GPConfig, resolve_options
+from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, resolve_metric_recipe
 from ahmc.core.diagnostics import (TuningConfig, TuningHistory, arm_parameters, strongest_correlation, tuning_history,
                                    varying_coordinates)
 
@@ -185,6 +186,11 @@ def _with_draws(history: TuningHistory, stats, columns) -> TuningHistory:
         return history
     draws, names = columns
     history = history._replace(slowest_square=slowest_square(draws, names), worst_rhat=worst_rhat(draws, names))
+    config = history.config
+    if config is not None and config.metric_recipe == "default":  # resolved by the dimension, known now
+        low_rank = np.asarray(draws).shape[-1] <= DENSE_AUTO_MAX_DIM
+        history = history._replace(config=config._replace(
+            metric_recipe="fisher_low_rank" if low_rank else "welford_diag"))
     if _riemannian(stats):
         return history
     return history._replace(strongest_correlation=strongest_correlation(draws, names))
@@ -358,6 +364,7 @@ def config_from_engine(search_box, *, paper_preset: bool = False, **options) -> 
         noise_variance=GPConfig(noise_variance=get("noise_variance")).resolved_noise_variance(one_chain_rounds=False), alpha=float(get("alpha")), delta=float(get("delta")),
         initial_design=int(get("initial_design")), schedule=str(get("schedule")), k=options.get("k"), decay=float(get("decay")),
         dense_mass="auto" if isinstance(get("dense_mass"), str) else bool(get("dense_mass")),
+        metric_recipe=resolve_metric_recipe(get("metric_recipe"), get("dense_mass"), get("adapt_mass_matrix"))[0],
     )
 
 

@@ -117,6 +117,9 @@ class TuningConfig(NamedTuple):
     decay: float = _CORE_DEFAULTS["decay"]
     pooled: bool | None = None
     dense_mass: bool | str | None = None  # True, False or "auto"; None: not recorded (e.g. PyMC runs)
+    # The metric phase's estimator (ahmc.core.mass_matrix.resolve_metric_recipe's name; "default" until the
+    # dimension is known); None: not recorded (PyMC runs, and JAX runs recorded before 2026-12-07).
+    metric_recipe: str | None = None
 
     def to_json(self) -> str:
         """JSON text for the DataTree attribute ``ahmc_config``."""
@@ -665,6 +668,13 @@ def dense_mass_hint(history: TuningHistory) -> str | None:
     if history.config is not None and history.config.dense_mass:
         return None
     r, a, b = found
+    if history.config is not None and history.config.metric_recipe == "fisher_low_rank":
+        # the low-rank estimate learns such correlations from the warm-up already: no dense_mass to suggest
+        return (f"posterior correlation {r:+.2f} between {a} and {b}. The low-rank mass matrix (the JAX routes' "
+                "default up to d = 200) learns correlations this strong from the warm-up, unless its estimate "
+                "did not fit the draws and the warm-up ended diagonal (docs/algorithm.md, \"Scales the window "
+                "missed\"); where a scale parameter and the values it scales are correlated, a non-centred "
+                "parameterization removes the correlation itself")
     unknown = history.config is None or history.config.dense_mass is None
     return (f"posterior correlation {r:+.2f} between {a} and {b}. A diagonal mass matrix (the default) "
             f"leaves it to the step size and L; a dense one learns it, and was several times faster per "

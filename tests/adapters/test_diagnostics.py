@@ -96,7 +96,9 @@ def test_config_from_the_datatree_attribute(numpyro_run):
     config = config_from_numpyro(mcmc)
     tree.attrs["ahmc_config"] = config.to_json()
     history = history_from_datatree(tree)
-    assert history.config == TuningConfig.parse(config.to_json())
+    # the JAX default's estimator, "default" until the draws give the dimension (d = 10: the low-rank one)
+    assert config.metric_recipe == "default"
+    assert history.config == TuningConfig.parse(config.to_json())._replace(metric_recipe="fisher_low_rank")
     np.testing.assert_allclose(rebuild_surrogate(history).mean, rebuild_surrogate(history, config).mean)
 
 
@@ -397,3 +399,26 @@ def test_riemannian_runs_get_no_mass_matrix_hint():
     engine = {"fixed_point_converged": np.ones_like(steps, bool), "num_integration_steps": steps}
     assert not _riemannian({**engine, "num_gradient_evals": steps})  # JAX engine, HMC
     assert _riemannian({**engine, "num_gradient_evals": 5 * steps})  # JAX engine, RMHMC (metric evaluations)
+
+
+def test_the_jax_config_records_its_metric_and_the_hint_follows_it():
+    """config_from_engine records the estimator; the JAX default ("default") resolves by the draws' dimension,
+    and a low-rank run gets no dense_mass suggestion for a strong correlation (its metric learns those)."""
+    from ahmc.adapters.diagnostics import _with_draws, config_from_engine
+    from ahmc.core.diagnostics import tuning_history
+
+    box = ((0.1, 1.0), (1, 10))
+    assert config_from_engine(box).metric_recipe == "default"
+    assert config_from_engine(box, metric_recipe="welford_diag").metric_recipe == "welford_diag"
+    assert config_from_engine(box, dense_mass=True).metric_recipe == "welford_dense"
+    stats, _, _, _ = simulate()
+    history = tuning_history(stats, config=config_from_engine(box))
+    rng = np.random.default_rng(0)
+    for dim, recipe in ((3, "fisher_low_rank"), (201, "welford_diag")):
+        z = rng.normal(size=(2, 200, dim))
+        z[..., 1] = z[..., 0] + 0.1 * z[..., 1]  # correlation 0.995
+        resolved = _with_draws(history, stats, (z, [f"x[{i}]" for i in range(dim)]))
+        assert resolved.config.metric_recipe == recipe
+        summary = tuning_summary(resolved)
+        assert "Hint: posterior correlation" in summary
+        assert ('dense_mass="auto"' in summary) == (recipe == "welford_diag"), summary

@@ -279,6 +279,11 @@ def test_summary_suggests_dense_mass_only_for_strong_correlations_without_it():
     assert dense_mass_hint(strong._replace(config=strong.config._replace(dense_mass=True))) is None
     assert 'dense_mass="auto"' in dense_mass_hint(strong)  # the choice that keeps only real correlations
     assert dense_mass_hint(strong._replace(config=strong.config._replace(dense_mass="auto"))) is None
+    # The JAX routes' default low-rank estimate learns correlations already: no dense_mass to suggest
+    low_rank = dense_mass_hint(strong._replace(config=strong.config._replace(metric_recipe="fisher_low_rank")))
+    assert "dense_mass" not in low_rank and "non-centred" in low_rank
+    welford = strong._replace(config=strong.config._replace(metric_recipe="welford_diag"))
+    assert 'dense_mass="auto"' in dense_mass_hint(welford)
 
 
 def test_summary_points_at_the_variances_only_when_the_squares_lag_far_behind():
