@@ -29,8 +29,8 @@ from jax.flatten_util import ravel_pytree
 from blackjax.adaptation.metric_recipes import REGISTRY
 from blackjax.adaptation.step_size import dual_averaging_adaptation
 
-from ahmc.core.mass_matrix import (fisher_misfit, prefers_dense, rescale_diagonal, rescue_unexplored,
-                                   shrink_correlations)
+from ahmc.core.mass_matrix import (fisher_misfit, prefers_dense, raise_to_draws, rescale_diagonal,
+                                   rescue_unexplored, shrink_correlations)
 from ahmc.core.schedule import EARLY_MAX_STEPS, WarmupPlan, automatic_box, metric_phase_max_steps, warmup_num_steps
 
 from ._jax_kernel import inverse_cholesky
@@ -443,7 +443,7 @@ def rescue_scales(inverse_mass_matrix, moments: ScaleMoments, fisher: bool, last
     misfit = jnp.asarray(False)
     if fisher:
         misfit = jnp.asarray(last_window) & fisher_misfit(corrected, var_x, xp=jnp)
-        corrected = jnp.where(misfit, jnp.maximum(corrected, var_x), corrected)  # raise_to_draws, once
+        corrected = jnp.where(last_window, raise_to_draws(corrected, var_x, xp=jnp), corrected)
     ok = (moments.count >= 2) & jnp.all(jnp.isfinite(corrected)) & jnp.all(corrected > 0)
     kept = jnp.where(ok, corrected, variance)
     rescaled = rescale_diagonal(inverse_mass_matrix, kept, xp=jnp)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ahmc.core import Config
 from ahmc.core.config import GPConfig, resolve_options
-from ahmc.core.mass_matrix import DENSE_AUTO_MAX_DIM, resolve_metric_recipe
+from ahmc.core.mass_matrix import recipe_for_dimension, resolve_metric_recipe
 from ahmc.core.diagnostics import (TuningConfig, TuningHistory, arm_parameters, strongest_correlation, tuning_history,
                                    varying_coordinates)
 
@@ -188,9 +188,8 @@ def _with_draws(history: TuningHistory, stats, columns) -> TuningHistory:
     history = history._replace(slowest_square=slowest_square(draws, names), worst_rhat=worst_rhat(draws, names))
     config = history.config
     if config is not None and config.metric_recipe == "default":  # resolved by the dimension, known now
-        low_rank = np.asarray(draws).shape[-1] <= DENSE_AUTO_MAX_DIM
-        history = history._replace(config=config._replace(
-            metric_recipe="fisher_low_rank" if low_rank else "welford_diag"))
+        recipe = recipe_for_dimension(config.metric_recipe, np.asarray(draws).shape[-1])
+        history = history._replace(config=config._replace(metric_recipe=recipe))
     if _riemannian(stats):
         return history
     return history._replace(strongest_correlation=strongest_correlation(draws, names))

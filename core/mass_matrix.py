@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = ["DENSE_AUTO_MAX_DIM", "DENSE_AUTO_THRESHOLD", "FISHER_SPREAD_LIMIT", "METRIC_RECIPES", "correlation_excess",
            "prefers_dense", "fisher_diagonal", "fisher_misfit", "raise_to_draws", "rescale_diagonal", "rescue_unexplored",
-           "resolve_metric_recipe", "shrink_correlations"]
+           "recipe_for_dimension", "resolve_metric_recipe", "shrink_correlations"]
 
 #: The mass-matrix estimators the metric phase can run, by their names in BlackJAX 1.7's
 #: ``blackjax.adaptation.metric_recipes``: Stan's Welford diagonal and dense covariance, and nutpie's
@@ -115,6 +115,14 @@ def resolve_metric_recipe(metric_recipe, dense_mass, adapt_mass_matrix=True):
         raise ValueError(f"metric_recipe={metric_recipe!r} sets the matrix's form itself; dense_mass={dense_mass!r} "
                          "contradicts it. Give one of the two (dense_mass=True is metric_recipe='welford_dense').")
     return metric_recipe, dense
+
+
+def recipe_for_dimension(recipe, dim):
+    """:func:`resolve_metric_recipe`'s ``"default"`` made concrete for ``dim`` coordinates: ``"fisher_low_rank"``
+    up to :data:`DENSE_AUTO_MAX_DIM`, ``"welford_diag"`` above; any other recipe as it is."""
+    if recipe != "default":
+        return recipe
+    return "fisher_low_rank" if dim <= DENSE_AUTO_MAX_DIM else "welford_diag"
 
 
 # At stationarity var(x_i) * E[g_i^2] >= 1 for every coordinate, g = grad log p (the Cramer-Rao bound
