@@ -12,7 +12,8 @@ sampler that converged, ChEES, MEADS and adjusted MCLMC included.
 
 A document marks where a run's tables go with ``<!-- results NAME -->`` and ``<!-- /results -->``
 lines, NAME the results file's stem (``bench_quick``); ``<!-- results NAME summary -->`` asks for one
-table with a row per route (the README's). The benchmark rewrites what lies between
+table with a row per route (the README's), ``<!-- results NAME targets -->`` for the open issues' targets
+met or missed (benchmarks.targets). The benchmark rewrites what lies between
 (``update_documents``), so no number in the docs is typed by hand.
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"(<!-- results (\w+)( summary)? -->\n)(.*?)(<!-- /results -->)", re.S)
+MARKER = re.compile(r"(<!-- results (\w+)( summary| targets)? -->\n)(.*?)(<!-- /results -->)", re.S)
 
 # (AHMC route, the peers it is measured against per second); per gradient the peer is every NUTS.
 ROUTES = {
@@ -40,7 +41,9 @@ ROUTES = {
 ROUTE_CALLS = {"ahmc_numpyro": "NumPyro `AdaptiveHMC`", "ahmc_blackjax": "BlackJAX `run_chains`",
                "ahmc_pymc": "PyMC step `AdaptiveHMC`", "ahmc_pymc_jax": "PyMC `sample_numpyro_ahmc`"}
 ALL_NUTS = ("numpyro_nuts", "numpyro_nuts_vectorized", "blackjax_nuts", "pymc_nuts", "nutpie", "pymc_numpyro",
-            "pymc_numpyro_vectorized")
+            "pymc_numpyro_vectorized",
+            # the dense variants, run by name only (benchmarks.samplers.DENSE_SAMPLERS)
+            "blackjax_nuts_dense", "numpyro_nuts_dense", "pymc_nuts_dense", "nutpie_low_rank")
 # Per gradient the posterior is the same in every framework, so each route also faces every other sampler
 # that converged (ChEES, MEADS, adjusted MCLMC, every NUTS): a run whose max R-hat reaches this is left out.
 CONVERGED_RHAT = 1.01
@@ -294,10 +297,14 @@ def _summary(json_path, results: dict) -> str:
 
 
 def rewrite(text: str, results_dir: Path = RESULTS) -> str:
-    """``text`` with every marked block replaced by its results file's tables (or summary)."""
+    """``text`` with every marked block replaced by its results file's tables (or summary, or targets)."""
+    from .targets import targets_markdown
+
+    render = {" summary": summary_markdown, " targets": targets_markdown}
+
     def block(m):
         path = results_dir / f"{m.group(2)}.json"
-        return m.group(1) + (summary_markdown(path) if m.group(3) else headline_markdown(path)) + m.group(5)
+        return m.group(1) + render.get(m.group(3), headline_markdown)(path) + m.group(5)
 
     return MARKER.sub(block, text)
 

@@ -372,7 +372,8 @@ def test_tiny_run_writes_json_markdown_and_the_paper_style_report(tmp_path, jax_
     table = output.with_suffix(".md").read_text()
     assert "## kidiq" in table and "| blackjax_nuts |" in table and "posteriordb reference, largest |z|" in table
     report = (tmp_path / "tiny_report.md").read_text()
-    assert "## Targets" in report and "| kidiq | ahmc_blackjax |" in report and "### kidiq" in report
+    assert "## The open issues' targets" in report and "### kidiq" in report
+    assert "| - | max R-hat < 1.01, every model | `ahmc_blackjax` | " in report
     for figure in ("tiny_fig2_boxes_1.png", "tiny_fig3_ahmc_vs_nuts.png", "tiny_fig_tuning.png"):
         assert f"]({figure})" in report and (tmp_path / figure).stat().st_size > 10_000
 
@@ -520,29 +521,50 @@ def test_pymc_samplers_skip_models_without_a_pymc_version():
     assert run.skip_reason("numpyro_nuts", model) is None and run.skip_reason("nutpie", model) is not None
 
 
-def test_targets_compare_ahmc_with_the_best_nuts():
-    from benchmarks import report
+def test_the_issues_targets_are_computed_on_the_strict_metric_against_each_targets_peers():
+    from benchmarks import targets
 
-    def record(model, sampler, grad, second, warm, rhat, z=None):
-        m = {"ess_per_grad": {"min": grad}, "ess_per_second": {"min": second},
-             "ess_per_grad_with_warmup": {"min": warm}, "rhat_max": rhat}
+    def record(model, sampler, ess, grads, seconds, compile_s=1.0, rhat=1.002, z=None):
+        metrics = {"ess_bulk": {"min": ess}, "ess_bulk_squares": {"min": ess * 2},  # strict: the means here
+                   "grads": {"warmup": grads / 2, "sampling": grads / 2}, "rhat_max": rhat}
         if z is not None:
-            m["max_abs_z_reference"] = z
-        return {"model": model, "sampler": sampler, "status": "ok", "metrics": m}
+            metrics["max_abs_z_reference"], metrics["max_abs_z_reference_sq"] = z
+        return {"model": model, "sampler": sampler, "status": "ok", "metrics": metrics,
+                "timing": {"compile_s": compile_s, "warmup_s": (seconds - compile_s) / 2,
+                           "sampling_s": (seconds - compile_s) / 2}}
 
     results = {"models": {"pima": {}, "kidiq": {}}, "runs": [
-        record("pima", "blackjax_nuts", 0.10, 50.0, 0.05, 1.001),
-        record("pima", "numpyro_nuts", 0.12, 40.0, 0.04, 1.002),
-        record("pima", "ahmc_blackjax", 0.15, 60.0, 0.07, 1.003),  # 1.25x the best NUTS: short of 1.3x
-        record("kidiq", "numpyro_nuts", 0.02, 10.0, 0.01, 1.0, z=0.5),
-        record("kidiq", "ahmc_numpyro", 0.03, 9.0, 0.01, 1.02, z=4.5),
+        record("pima", "numpyro_nuts", 100.0, 1000, 10.0, compile_s=6.0),
+        record("pima", "numpyro_nuts_vectorized", 120.0, 1000, 8.0, compile_s=4.0),  # the best per second: 15/s
+        record("pima", "chees", 400.0, 1000, 5.0, rhat=1.001),                         # best converged peer
+        record("pima", "meads", 9000.0, 1000, 1.0, rhat=1.3),                          # not converged: left out
+        record("pima", "ahmc_numpyro", 300.0, 1000, 10.0, compile_s=6.5, z=(1.0, 4.5)),  # 30/s = 2x; z 4.5
+        record("kidiq", "numpyro_nuts_vectorized", 100.0, 1000, 10.0, compile_s=5.0),
+        record("kidiq", "ahmc_numpyro", 120.0, 500, 10.0, compile_s=5.0, rhat=1.02),   # 1.2x per second
     ]}  # fmt: skip
-    pima, kidiq = report.targets(results)
-    assert pima["best_nuts"] == "numpyro_nuts" and pima["grad_ratio"] == pytest.approx(1.25) and not pima["grad_met"]
-    assert pima["second_ratio"] == pytest.approx(1.5) and pima["second_met"]
-    assert pima["warmup_ratio"] == pytest.approx(0.07 / 0.05) and pima["warmup_met"] and pima["rhat_met"]
-    assert kidiq["grad_ratio"] == pytest.approx(1.5) and kidiq["grad_met"] and "warmup_ratio" not in kidiq
-    assert not kidiq["second_met"] and not kidiq["z_met"] and not kidiq["rhat_met"]
+    rows = {(row["target"], row["route"]): row for row in targets.evaluate(results)}
+    every = rows["per second >= 1.3x the best NumPyro NUTS, every model", "ahmc_numpyro"]
+    assert (every["passing"], every["models"], every["met"]) == (1, 2, False)
+    assert every["worst"] == ("kidiq", pytest.approx(1.2), "numpyro_nuts_vectorized")
+    mean = rows["per second >= 1.5x the best NumPyro NUTS, geometric mean", "ahmc_numpyro"]
+    assert mean["mean"] == pytest.approx((2.0 * 1.2) ** 0.5) and mean["met"]  # 1.55x
+    peer = rows["per gradient >= 1x the best converged peer, every model", "ahmc_numpyro"]
+    assert peer["worst"] == ("pima", pytest.approx(0.75), "chees") and not peer["met"]  # kidiq: 0.24 vs 0.1
+    compile_row = rows["compile time <= 1.5x the same framework's NUTS, every model", "ahmc_numpyro"]
+    assert compile_row["worst"] == ("pima", pytest.approx(6.5 / 4.0), "numpyro_nuts_vectorized")
+    assert not compile_row["met"] and compile_row["passing"] == 1
+    rhat = rows["max R-hat < 1.01, every model", "ahmc_numpyro"]
+    assert rhat["worst"][:2] == ("kidiq", 1.02) and not rhat["met"]
+    z = rows["max |z| of means and variances <= 4, every model with a reference", "ahmc_numpyro"]
+    assert z["models"] == 1 and z["worst"][1] == 4.5 and not z["met"]
+    assert not any(route == "ahmc_blackjax" for _, route in rows)  # a route that did not run has no rows
+    table = "\n".join(targets.targets_table(results))
+    assert "| 61 | per second >= 1.3x the best NumPyro NUTS, every model | `ahmc_numpyro` | 1 of 2 | kidiq 1.2x (numpyro_nuts_vectorized)" in table
+    assert "**missed**" in table and "| met |" in table
+    assert targets._chain_note(results) == ""
+    results["settings"] = {"num_chains": 4}
+    results["runs"][2]["metrics"]["num_chains"] = 16
+    assert targets._chain_note(results).startswith(" Chains: 4 a sampler, but chees 16 (")
 
 
 def test_the_headline_faces_every_converged_sampler_per_gradient():
@@ -962,7 +984,7 @@ def test_armhmc_runs_on_the_logistic_regressions_and_is_skipped_elsewhere():
 
 
 def test_dense_variants_pass_their_option_run_by_name_only_and_count_as_nuts_baselines(monkeypatch):
-    from benchmarks import report, samplers
+    from benchmarks import headline, samplers
 
     seen = {}
 
@@ -979,7 +1001,7 @@ def test_dense_variants_pass_their_option_run_by_name_only_and_count_as_nuts_bas
         assert name not in run.parse_args([]).samplers and name not in run.parse_args(["--full"]).samplers
         assert run.skip_reason(name, models.get_model("pima")._replace(dim=201)).startswith("dense mass matrix: d = 201")
         assert run.skip_reason(name, models.get_model("pima")) is None
-        assert name in report.AHMC or name in report.NUTS
+        assert name.startswith("ahmc") or name in headline.ALL_NUTS
     assert {"numpyro_nuts_dense", "blackjax_nuts_dense", "pymc_nuts_dense"} <= set(run.NUTS_SAMPLERS)
 
 
