@@ -304,6 +304,9 @@ def write_report(json_path: str | Path) -> Path:
         "",
         *targets_table(results),
         "",
+        "Why each miss, by how much on which model, and what was tried: docs/benchmarks.md, \"Known misses\", "
+        "and docs/decisions.md.",
+        "",
         "## Per model: ESS per gradient x 100, mean ± sd over chains (as the paper's Table 1)",
         "",
         "The last two columns: leapfrog steps per draw in sampling, and for AHMC the arm each chain ran at "
