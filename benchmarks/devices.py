@@ -44,7 +44,7 @@ def _one_device_count(model_name: str, num_chains: int, seed: int, count: int) -
 
     from ahmc.adapters.blackjax import run_chains, shard_chains
     from benchmarks.models import get_model, initial_positions
-    from benchmarks.samplers import run_chees
+    from benchmarks.samplers import numpyro_potential, run_chees
 
     model = get_model(model_name)
     positions = initial_positions(model, num_chains, seed)
@@ -59,7 +59,7 @@ def _one_device_count(model_name: str, num_chains: int, seed: int, count: int) -
         return jax.block_until_ready(samples)
 
     def nuts(chain_method, init):
-        mcmc = MCMC(NUTS(potential_fn=lambda x: -model.logdensity_fn(x)), num_warmup=NUM_WARMUP,
+        mcmc = MCMC(NUTS(potential_fn=numpyro_potential(model.logdensity_fn)), num_warmup=NUM_WARMUP,
                     num_samples=NUM_SAMPLES, num_chains=num_chains, chain_method=chain_method, progress_bar=False)
         mcmc.run(key, init_params=init)
         return jax.block_until_ready(mcmc.get_samples(group_by_chain=True))

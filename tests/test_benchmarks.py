@@ -268,6 +268,7 @@ def test_numpyro_runners_are_one_mcmc_run_as_users_call_it(sampler, jax_x64):
     jax = pytest.importorskip("jax")
     numpyro_infer = pytest.importorskip("numpyro.infer")
     from ahmc.adapters.numpyro import AdaptiveHMC
+    from benchmarks import samplers
 
     model = models.get_model("corr_gauss_2")
     positions = models.initial_positions(model, 2, 0)
@@ -275,7 +276,7 @@ def test_numpyro_runners_are_one_mcmc_run_as_users_call_it(sampler, jax_x64):
     kernel_class = AdaptiveHMC if sampler == "ahmc_numpyro" else numpyro_infer.NUTS
 
     def mcmc():
-        kernel = kernel_class(potential_fn=lambda x: -model.logdensity_fn(x))
+        kernel = kernel_class(potential_fn=samplers.numpyro_potential(model.logdensity_fn))
         return numpyro_infer.MCMC(kernel, num_warmup=50, num_samples=40, num_chains=2,
                                   chain_method="vectorized", progress_bar=False)
 
@@ -293,6 +294,54 @@ def test_numpyro_runners_are_one_mcmc_run_as_users_call_it(sampler, jax_x64):
     assert timing["compile_s"] > 0 and timing["warmup_s"] > 0 and timing["sampling_s"] > 0
     if sampler == "ahmc_numpyro":  # two chains cannot restart one another (the slow test restarts one)
         assert out.extra["restarts"] == [0.0, 0.0]
+
+
+def test_numpyro_kernels_get_the_potential_jitted_as_a_model_users_nuts_does(monkeypatch, jax_x64):
+    """NumPyro evaluates a ``potential_fn`` once outside its loop; unjitted, every primitive of the log
+    density compiles alone there, a cost ``NUTS(model)`` does not pay. Both NumPyro runners get it jitted."""
+    import logging
+
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("numpyro")
+    from benchmarks import samplers
+
+    model = models.get_model("pima")
+    x = jax.numpy.asarray(models.initial_positions(model, 1, 0)[0])
+    potential = samplers.numpyro_potential(model.logdensity_fn)
+    np.testing.assert_allclose(potential(x), -model.logdensity_fn(x), rtol=1e-12)
+
+    compiles = []
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            if "Finished XLA compilation" in record.getMessage():
+                compiles.append(record.getMessage())
+
+    handler, logger = Count(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            jax.value_and_grad(potential)(x)
+            jitted = len(compiles)
+            jax.value_and_grad(lambda z: -model.logdensity_fn(z))(x + 1.0)
+            plain = len(compiles) - jitted
+    finally:
+        logger.removeHandler(handler)
+    assert jitted <= 4 and plain >= 5 * max(jitted, 1), (jitted, plain)  # measured: 3 against 31
+
+    seen = []
+    for runner, kernel in (("run_numpyro_nuts", "NUTS"), ("run_ahmc_numpyro", "AdaptiveHMC")):
+        module = __import__("numpyro.infer", fromlist=["NUTS"]) if kernel == "NUTS" else \
+            __import__("ahmc.adapters.numpyro", fromlist=["AdaptiveHMC"])
+
+        def fake(*args, potential_fn=None, **options):
+            seen.append(potential_fn)
+            raise RuntimeError("stop")
+
+        monkeypatch.setattr(module, kernel, fake)
+        with pytest.raises(RuntimeError, match="stop"):
+            getattr(samplers, runner)(jax.random.key(0), model, np.zeros((2, model.dim)), 5, 5)
+    assert len(seen) == 2 and all(hasattr(fn, "lower") for fn in seen)  # jax.jit's wrapped functions
 
 
 @pytest.mark.slow  # ~50 s; default run under 15 min (2026-11-28)
