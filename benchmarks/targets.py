@@ -152,8 +152,11 @@ def _chain_note(results: dict) -> str:
     """Which samplers ran more chains than the run's setting: per second, where compilation is most of a
     run, more chains are more draws for nearly the same time."""
     usual = results.get("settings", {}).get("num_chains")
-    more = sorted({f"{run['sampler']} {run['metrics']['num_chains']}" for run in results["runs"]
-                   if usual and run["status"] == "ok" and run["metrics"].get("num_chains", usual) > usual})
+    counts: dict[str, set] = {}
+    for run in results["runs"]:
+        if usual and run["status"] == "ok" and run["metrics"].get("num_chains", usual) != usual:
+            counts.setdefault(run["sampler"], set()).add(run["metrics"]["num_chains"])
+    more = [f"{name} {max(n)}" + (f" ({min(n)} on some models)" if len(n) > 1 else "") for name, n in sorted(counts.items())]
     return (f" Chains: {usual} a sampler, but {', '.join(more)} (their ensembles' adaptation needs them; per "
             "second, where compiling is most of a run, more chains are more draws for about the same time)."
             if more else "")

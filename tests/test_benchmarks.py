@@ -613,7 +613,9 @@ def test_the_issues_targets_are_computed_on_the_strict_metric_against_each_targe
     assert targets._chain_note(results) == ""
     results["settings"] = {"num_chains": 4}
     results["runs"][2]["metrics"]["num_chains"] = 16
-    assert targets._chain_note(results).startswith(" Chains: 4 a sampler, but chees 16 (")
+    assert targets._chain_note(results).startswith(" Chains: 4 a sampler, but chees 16 (their")
+    results["runs"].append(dict(results["runs"][2], model="kidiq", metrics={**results["runs"][2]["metrics"], "num_chains": 5}))
+    assert targets._chain_note(results).startswith(" Chains: 4 a sampler, but chees 16 (5 on some models) (")
 
 
 def test_the_headline_faces_every_converged_sampler_per_gradient():
