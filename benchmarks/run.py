@@ -55,8 +55,8 @@ import numpy as np
 
 from .metrics import summarize
 from .models import MODELS, PYMC_MODEL_NAMES, get_model, initial_positions
-from .headline import earlier_note, made_by
 from .headline import ALL_NUTS as NUTS
+from .headline import earlier_note, made_by
 from .samplers import BY_NAME_SAMPLERS, DENSE_SAMPLERS, SAMPLERS
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -191,8 +191,8 @@ def numpyro_potential(logdensity_fn):
 
     NumPyro's HMC and NUTS evaluate a ``potential_fn`` and its gradient once outside their compiled loop,
     to initialize the chains; a plain Python function runs there op by op, each JAX primitive compiled
-    alone (about 50 small compilations, 1.5-2 s on a logistic regression, 2026-12-07), which a user of
-    ``NUTS(model)`` does not pay: NumPyro compiles a model's potential for its initialization. Jitted, that
+    alone (31 small compilations on Pima, 63 on a 500-row logistic regression: 1.5-2 s there,
+    2026-12-07), which a user of ``NUTS(model)`` does not pay: NumPyro compiles a model's potential for its initialization. Jitted, that
     evaluation is one program, and NUTS's whole run takes about the time of ``NUTS(model)`` (on a 500-row
     logistic regression 4.3-4.5 s against 5.4-5.6 s, the model's tracing included; 6.0-6.4 s unjitted).
     ahmc's kernel compiles its initialization as one program either way. Inside the loop a jitted

@@ -142,7 +142,8 @@ def targets_markdown(json_path) -> str:
     results = _load(json_path)
     if results is None:
         return f"No `{Path(json_path).name}` is committed yet: `./dev bench` writes it.\n"
-    return (f"`{Path(json_path).name}` ({results['mode']} mode, commit `{str(results['environment']['git_commit'])[:7]}`): "
+    commit = str(results["environment"]["git_commit"])[:7]
+    return (f"`{Path(json_path).name}` ({results['mode']} mode, commit `{commit}`): "
             "strict ESS per gradient with warm-up counted and per second of total wall time; a peer "
             f"\"converged\" with max R-hat below {CONVERGED_RHAT}.{_chain_note(results)}\n\n"
             + "\n".join(targets_table(results)) + "\n")
@@ -156,7 +157,8 @@ def _chain_note(results: dict) -> str:
     for run in results["runs"]:
         if usual and run["status"] == "ok" and run["metrics"].get("num_chains", usual) != usual:
             counts.setdefault(run["sampler"], set()).add(run["metrics"]["num_chains"])
-    more = [f"{name} {max(n)}" + (f" ({min(n)} on some models)" if len(n) > 1 else "") for name, n in sorted(counts.items())]
+    more = [f"{name} {max(n)}" + (f" ({min(n)} on some models)" if len(n) > 1 else "")
+            for name, n in sorted(counts.items())]
     return (f" Chains: {usual} a sampler, but {', '.join(more)} (their ensembles' adaptation needs them; per "
             "second, where compiling is most of a run, more chains are more draws for about the same time)."
             if more else "")
