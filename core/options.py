@@ -20,9 +20,26 @@ FROM_NUTS = {
 }
 
 
+# Arguments of the loop that drives a kernel (NumPyro's ``MCMC``, ``pm.sample``, ``run_chains``) given to the
+# kernel instead: the nearest option by spelling would mislead (``chain_method`` is not ``chain_data``).
+DRIVER_ARGUMENTS = {
+    "chain_method": "NumPyro's MCMC(..., chain_method=...)",
+    "num_chains": "MCMC(..., num_chains=...), pm.sample(chains=...) or the positions' first axis",
+    "num_samples": "MCMC(..., num_samples=...), pm.sample(draws=...) or run_chains(..., num_samples)",
+    "num_warmup": "MCMC(..., num_warmup=...), pm.sample(tune=...) or run_chains(..., num_warmup, ...)",
+    "thinning": "NumPyro's MCMC(..., thinning=...)",
+    "progress_bar": "NumPyro's MCMC(..., progress_bar=...)",
+    "jit_model_args": "NumPyro's MCMC(..., jit_model_args=...)",
+    "draws": "pm.sample(draws=...)",
+    "tune": "pm.sample(tune=...)",
+    "chains": "pm.sample(chains=...)",
+    "cores": "pm.sample(cores=...)",
+}
+
+
 def check_option_names(given: Iterable[str], valid: Iterable[str], owner: str) -> None:
     """Raise ``ValueError`` for the first name in ``given`` that is not in ``valid``, suggesting the nearest
-    (for a NUTS option, :data:`FROM_NUTS`'s equivalent).
+    (for a NUTS option, :data:`FROM_NUTS`'s equivalent; for the driver's argument, where it goes).
 
     ``owner`` names what took the options (``"AdaptiveHMC"``, ``"run_chains"``) in the message.
     """
@@ -32,6 +49,9 @@ def check_option_names(given: Iterable[str], valid: Iterable[str], owner: str) -
             continue
         if name in FROM_NUTS:
             raise ValueError(f"{owner}: unknown option {name!r} (a NUTS option); use {FROM_NUTS[name]}.")
+        if name in DRIVER_ARGUMENTS:
+            raise ValueError(f"{owner}: {name!r} is not a tuning option but an argument of the sampling loop; "
+                             f"give it to {DRIVER_ARGUMENTS[name]}.")
         close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else f". Valid options: {', '.join(valid)}."
         raise ValueError(f"{owner}: unknown option {name!r}{hint}")

@@ -68,6 +68,9 @@ BAD = [
     ({"step_size": 0.1}, r"unknown option 'step_size' \(a NUTS option\); use initial_step_size"),
     ({"target_accept_prob": 0.9}, r"'target_accept_prob' \(a NUTS option\); use target_acceptance_rate"),
     ({"max_tree_depth": 8}, r"'max_tree_depth' \(a NUTS option\); use num_steps_cap"),
+    # the driver's arguments name the driver, not the nearest option ('chain_data')
+    ({"chain_method": "vectorized"}, r"'chain_method' is not a tuning option .* MCMC\(\.\.\., chain_method=\.\.\.\)"),
+    ({"tune": 500}, r"'tune' is not a tuning option .* pm\.sample\(tune=\.\.\.\)"),
 ]
 
 
