@@ -193,8 +193,8 @@ def numpyro_potential(logdensity_fn):
     to initialize the chains; a plain Python function runs there op by op, each JAX primitive compiled
     alone (31 small compilations on Pima, 63 on a 500-row logistic regression: 1.5-2 s there,
     2026-12-07), which a user of ``NUTS(model)`` does not pay: NumPyro compiles a model's potential for its initialization. Jitted, that
-    evaluation is one program, and NUTS's whole run takes about the time of ``NUTS(model)`` (on a 500-row
-    logistic regression 4.3-4.5 s against 5.4-5.6 s, the model's tracing included; 6.0-6.4 s unjitted).
+    evaluation is one program, and NUTS's whole run takes no longer than ``NUTS(model)``'s (on a 500-row
+    logistic regression 4.3-4.5 s against 4.8-6.8 s, the model's tracing included; 6.0-7.8 s unjitted).
     ahmc's kernel compiles its initialization as one program either way. Inside the loop a jitted
     function is inlined, so the loop is unchanged (docs/decisions.md, "NumPyro's potential is jitted in
     the benchmark").
