@@ -112,27 +112,24 @@ def evaluate(results: dict) -> list[dict]:
             worst = (min if direction == "higher" else max)(values, key=lambda v: v[1])
             mean = _geomean(v[1] for v in values) if kind not in ("rhat", "z") else None
             met = _passes(mean, bound, direction) if scope == "mean" else len(passing) == len(values)
-            rows.append({"issue": issue, "target": text, "route": route, "passing": len(passing),
-                         "models": len(values), "worst": worst, "mean": mean, "met": met,
-                         "failing": [v for v in values if v not in passing]})
+            rows.append({"issue": issue, "target": text, "route": route, "kind": kind, "passing": len(passing),
+                         "models": len(values), "worst": worst, "mean": mean, "met": met})
     return rows
 
 
-def _value(target: str, value: float) -> str:
-    if "R-hat" in target:
-        return f"{value:.3f}"
-    return f"{value:.2f}" if "|z|" in target else _cell(value, "x", 3)
+def _value(kind: str, value: float) -> str:
+    """A table cell: R-hat to three decimals, |z| to two, a ratio as ``1.23x``."""
+    return {"rhat": f"{value:.3f}", "z": f"{value:.2f}"}.get(kind) or _cell(value, "x", 3)
 
 
 def targets_table(results: dict) -> list[str]:
     lines = ["| issue | target | route | models passing | worst (against) | geometric mean | verdict |",
              "|---|---|---|---|---|---|---|"]
     for row in evaluate(results):
-        ratio = "R-hat" not in row["target"] and "|z|" not in row["target"]
         model, value, against = row["worst"]
-        worst = f"{model} {_value(row['target'], value)}" + (f" ({against})" if against else "")
+        worst = f"{model} {_value(row['kind'], value)}" + (f" ({against})" if against else "")
         lines.append(f"| {row['issue']} | {row['target']} | `{row['route']}` | {row['passing']} of {row['models']} "
-                     f"| {worst} | {_cell(row['mean'], 'x', 2) if ratio else '-'} | "
+                     f"| {worst} | {_cell(row['mean'], 'x', 2)} | "
                      f"{'met' if row['met'] else '**missed**'} |")
     return lines
 
