@@ -136,9 +136,11 @@ class GPConfig:
                                 "and measured 1.16x strict ESS per gradient, docs/decisions.md).")
     delta: float = _option(0.1, "Confidence of GP-UCB's `beta_i = 2 log(i^(d/2+2) pi^2 / (3 delta))`.")
     initial_design: int = _option(
-        0, "The first GP rounds' arms spread over the box's `L` at the first arm's step size, before the UCB "
-           "chooses (an initial design, as Bayesian optimisation starts). 0: the UCB from the first round, the "
-           "paper's (docs/decisions.md, \"An initial design for the GP\").")
+        3, "The first GP rounds' arms spread over the box's `L` at the first arm's step size, before the UCB "
+           "chooses (an initial design, as Bayesian optimisation starts): with `alpha=8` the UCB explores only "
+           "near its best arm, and a run could settle on short trajectories that never meet the posterior's "
+           "long directions. 0: the UCB from the first round, the paper's (docs/decisions.md, \"An initial "
+           "design for the GP: the default\").")
 
     def __post_init__(self):
         _positive("capacity", self.capacity, integer=True)
@@ -275,7 +277,7 @@ GROUP_TITLES = {"box": "Search box", "gp": "Gaussian process", "schedule": "Sche
                 "reward": "Reward"}
 PAPER_SETTINGS = {"objective": "normalized_esjd", "adapt_mass_matrix": False, "k": 100, "log_step_size": False,
                   "divergence_penalty": 0.0, "min_steps_fraction": 0.0, "jump_estimate": "transition",
-                  "divergence_retry": None, "alpha": 4.0}
+                  "divergence_retry": None, "alpha": 4.0, "initial_design": 0}
 
 
 def _group_of() -> dict[str, str]:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from ahmc.core import TunerState, gp_ucb, search_space
+from ahmc.core.config import POOLED_NOISE_VARIANCE, Config
 from ahmc.core.tuner import adapt_probability, ucb_beta
 
 from .surfaces import bump_surface, grid_maximum, run_tuner
@@ -353,3 +354,35 @@ def test_pooling_changes_no_arm(space):
             pooled, stepwise = pooled._replace(arm=forced), stepwise._replace(arm=forced)
     np.testing.assert_allclose(tuner.settle(pooled).grid_variance, stepwise.grid_variance, rtol=1e-9, atol=1e-12)
     assert moves > 20 and evictions > 5 and longest_pool >= 3  # all paths exercised
+
+
+def _long_trajectory_ridge(u, v):
+    """A reward that grows with L (a posterior direction only long trajectories cross) and falls off above a
+    middle step size (rejections): the shape that left a pooled run on breast cancer at L = 15 of a box
+    1..111 (docs/decisions.md, "An initial design for the GP: the default")."""
+    u, v = np.asarray(u), np.asarray(v)
+    return np.exp(-0.5 * ((u - 0.45) / 0.2) ** 2) * (0.02 + v ** 3)
+
+
+def _reached_share(initial_design: int, seeds=range(20)) -> np.ndarray:
+    """The true value of the last 10 of 50 rounds' arms over the grid's best, per seed, for a GP with the
+    Config's defaults started at a short arm of the JAX routes' automatic (log-spaced) box."""
+    gp = Config().gp
+    space = search_space((0.05, 0.25), (1, 111), log_num_steps=True)
+    top = grid_maximum(space, _long_trajectory_ridge)
+    out = []
+    for seed in seeds:
+        tuner = gp_ucb(space, capacity=gp.capacity, lengthscale=gp.lengthscale, noise_variance=POOLED_NOISE_VARIANCE,
+                       alpha=gp.alpha, delta=gp.delta, k=25, initial_design=initial_design, initial_arm=(0.12, 3))
+        _, values, _ = run_tuner(tuner, _long_trajectory_ridge, 50, seed, noise_sd=0.3, lazy=True)
+        out.append(values[-10:].mean() / top)
+    return np.array(out)
+
+
+def test_the_default_initial_design_finds_long_trajectories_the_ucb_alone_misses():
+    """With alpha = 8 an unvisited arm's UCB stays below the best arm's scaled mean, so the UCB alone walks
+    only near its first arm: from L = 3 it stalls on half the seeds (10 of 20 end within 0.7 of the best).
+    The Config's initial design (three L columns first) reaches the long arms on 19 of 20."""
+    assert Config().gp.initial_design == 3
+    assert (_reached_share(Config().gp.initial_design) > 0.7).sum() >= 17
+    assert (_reached_share(0) > 0.7).sum() <= 14
