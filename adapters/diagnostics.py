@@ -42,7 +42,8 @@ FREE_VARS_ATTR = "ahmc_free_vars"
 BOX_STATS = {"step_size_bounds": "step_size", "num_steps_bounds": "num_steps"}  # last axis: (lo, hi)
 # Defaults shared by the adapters (ahmc.adapters._jax_engine.build_engine and ahmc.adapters.pymc.AdaptiveHMC).
 ADAPTER_DEFAULTS = {"num_step_sizes": Config().box.num_step_sizes, "capacity": Config().gp.capacity,
-                    "alpha": Config().gp.alpha}  # where the adapters' Config differs from core's gp_ucb
+                    "alpha": Config().gp.alpha,  # where the adapters' Config differs from core's gp_ucb
+                    "initial_design": Config().gp.initial_design}  # 0 in trees made before 2026-12-08
 # ahmc.adapters.pymc.AdaptiveHMC's per-chain tuner scores one chain's round, a noisier reward than the
 # engine's pooled one (AdaptiveRMHMC keeps the shared 0.1).  Its trees have the PyMC box stats and no
 # RMHMC stats (AdaptiveRMHMC with a constant metric is AdaptiveHMC: pass its config to replay it).

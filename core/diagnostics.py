@@ -520,15 +520,22 @@ def _k(config: TuningConfig, rows: RoundTable) -> int:
     return max(int(i.max()) if i.size else 1, 1)
 
 
-def _design_options(space, config: TuningConfig) -> dict:
-    """The replayed tuner's initial design: its arms sit at the recorded first arm's step size."""
-    if not config.initial_design:
+def _design_options(grid: _Grid, config: TuningConfig, rows: RoundTable) -> dict:
+    """The replayed tuner's initial design: its arms sit at the first arm's step size, the recorded
+    ``initial_arm``'s, else (the PyMC step records none) the step size of the design's rounds, 2 to
+    ``initial_design + 1``, when the warm-up was recorded and they share one."""
+    count = int(config.initial_design)
+    if not count:
         return {}
-    first = None
+    space, first = grid.space, None
     if config.initial_arm is not None:
         row, col = divmod(int(config.initial_arm), space.shape[1])
         first = (float(space.step_sizes[row]), int(space.num_steps[col]))
-    return {"initial_design": int(config.initial_design), "initial_arm": first}
+    elif len(rows.round) > count and rows.round[0] == 1:
+        design_step_sizes = np.unique(rows.step_size[1:count + 1])
+        step_size = design_step_sizes[0] if design_step_sizes.size == 1 else rows.step_size[0]
+        first = (float(step_size), int(rows.num_steps[0]))
+    return {"initial_design": count, "initial_arm": first}
 
 
 def replay(history: TuningHistory, config=None, *, tuner: int = 0, dtype=None):
@@ -550,7 +557,7 @@ def replay(history: TuningHistory, config=None, *, tuner: int = 0, dtype=None):
     core = gp_ucb(grid.space, capacity=int(config.capacity), lengthscale=float(config.lengthscale),
                   noise_variance=float(config.noise_variance), alpha=float(config.alpha), delta=float(config.delta),
                   schedule=config.schedule, k=_k(config, rows), decay=float(config.decay),
-                  **_design_options(grid.space, config))
+                  **_design_options(grid, config, rows))
     state = core.init(dtype=np.dtype(dtype or history.float_dtype))
     weight = history.weight(tuner)
     previous, proposal, changed, previous_round = None, None, True, None
