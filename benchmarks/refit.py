@@ -8,8 +8,10 @@ resample of the rows, or every row after an earlier fit on the first 90% ("one m
 
 Reported per refit, the mean over seeds: warm-up gradients (the warm start's check counted), total wall
 seconds (compilation included: the new data are a new log density), the strict ESS (min over coordinates
-of min(bulk ESS of x, of (x - mean)^2)) per gradient and per second, the largest |z| of the warm run's
-means against the cold run's (both MCSEs), and the largest R-hat.  Uses only the public API.
+of min(bulk ESS of x, of (x - mean)^2)) per gradient and per second, the ceiling (the cold run's gradients
+over its draws': what skipping the whole warm-up could give per gradient, were the draws as efficient), the
+largest |z| of the warm run's means against the cold run's (both MCSEs), and the largest R-hat.  Uses only
+the public API.
 
 ``--route pymc`` refits the logistic regressions with ``pm.sample(step=AdaptiveHMC(warm_start=...))``
 instead (4 chains, ``cores=2``; tune 1000 cold, 250 warm, the snapshot's check inside the warm tune),
