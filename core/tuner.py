@@ -275,7 +275,8 @@ def gp_ucb(
         the ``L`` columns at the first arm's step size (an initial design, as
         Bayesian optimisation starts; an arm visited already is left to the
         UCB), so the GP sees short and long trajectories before it exploits.
-        0: the UCB from the first round (the paper's).
+        0 (this function's default): the UCB from the first round, the paper's;
+        the adapters' ``Config`` uses 3.
 
     Examples
     --------
