@@ -246,6 +246,20 @@ def figure_tuning(path: Path, title: str):
 # --------------------------------------------------------------------------- #
 
 
+def _save_small_png(fig, path: Path) -> None:
+    """The figure as a 256-colour PNG: plots need no more, and the committed results stay small
+    (tests/test_docs.py bounds them; a scatter of many arms saved in RGBA took 380 kB)."""
+    import io
+
+    from PIL import Image  # matplotlib's own dependency
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=90, format="png")
+    buffer.seek(0)
+    image = Image.open(buffer).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    image.save(path, optimize=True)
+
+
 def write_report(json_path: str | Path) -> Path:
     """Write ``<stem>_report.md`` and its PNG figures beside ``json_path``; returns the Markdown path."""
     json_path = Path(json_path)
@@ -258,7 +272,7 @@ def write_report(json_path: str | Path) -> Path:
         if fig is None:
             return None
         name = f"{stem}_{suffix}.png"
-        fig.savefig(folder / name, dpi=90)
+        _save_small_png(fig, folder / name)
         plt.close(fig)
         return name
 
